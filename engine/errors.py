@@ -1,0 +1,59 @@
+"""The engine's error hierarchy.
+
+Every failure the engine reports is a :class:`SieveError`. Callers (the shard server, the CLI)
+map the subclasses to gRPC status codes and exit codes:
+
+==========================  ==================  =================================
+class                       gRPC status         meaning
+==========================  ==================  =================================
+InvalidArgumentError        INVALID_ARGUMENT    the caller passed a bad key, value, option
+CorruptionError             DATA_LOSS           stored bytes fail a checksum or the format
+StorageIOError              INTERNAL            the operating system refused an I/O call
+ClosedError                 UNAVAILABLE         the DB (or table) was already closed
+LockedError                 FAILED_PRECONDITION another process holds the directory lock
+==========================  ==================  =================================
+"""
+
+from __future__ import annotations
+
+
+class SieveError(Exception):
+    """Base class of every error raised by sievekv's engine."""
+
+
+class InvalidArgumentError(SieveError, ValueError):
+    """The caller passed something the engine cannot accept (empty key, value over a limit...)."""
+
+
+class CorruptionError(SieveError):
+    """Stored data failed a checksum or does not follow docs/format.md.
+
+    Always names the file and, where known, the byte offset of the damaged structure.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
+        self.path = path
+        self.offset = offset
+        where = ""
+        if path is not None:
+            where = f" in {path}"
+            if offset is not None:
+                where += f" at offset {offset}"
+        super().__init__(f"corruption{where}: {message}")
+        self.message = message
+
+
+class StorageIOError(SieveError, OSError):
+    """An operating-system I/O call failed (ENOSPC, EIO, a failed fsync...)."""
+
+    def __init__(self, message: str, *, path: str | None = None, errno_: int | None = None):
+        self.path = path
+        super().__init__(errno_ or 0, message if path is None else f"{message}: {path}")
+
+
+class ClosedError(SieveError):
+    """The object was used after close()."""
+
+
+class LockedError(SieveError):
+    """A data directory is locked by another process (or another DB in this process)."""
