@@ -20,8 +20,15 @@ KIND_VALUE = 1  # a live value
 # ---------------------------------------------------------------------------------------------
 
 # ---------------------------------------------------------------------------------------------
-# Write-ahead log (docs/format.md, "Write-ahead log")
+# Write-ahead log (docs/format.md, "Write-ahead log"). The manifest uses the same record framing.
 # ---------------------------------------------------------------------------------------------
+LOG_HEADER = struct.Struct("<IIB")  # masked crc32c, payload length, record type
+LOG_HEADER_SIZE = LOG_HEADER.size  # 9
+LOG_CRC_PREFIX = struct.Struct("<QIB")  # what the crc covers before the payload: offset, length, type
+LOG_RECORD_FULL = 1  # format version 1 has one record type: a whole payload (0 is never valid)
+LOG_MAX_PAYLOAD = 0xFFFFFFFF  # the length field is a u32
+BATCH_HEADER = struct.Struct("<QI")  # first sequence number, number of operations
+BATCH_OP_HEADER = struct.Struct("<BII")  # kind, key length, value length
 
 # ---------------------------------------------------------------------------------------------
 # Manifest (docs/format.md, "Manifest")

@@ -1,0 +1,86 @@
+"""Appends records to a log file (docs/format.md, "Write-ahead log").
+
+Used for the write-ahead log and the manifest. A record is written with a single ``append`` so
+a crash leaves at most one torn record, at the tail.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidArgumentError, StorageIOError
+from ..format import LOG_HEADER, LOG_MAX_PAYLOAD, LOG_RECORD_FULL
+from ..vfs import WritableFile
+from .record import record_crc
+
+_pack_header = LOG_HEADER.pack
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+
+
+class LogWriter:
+    """Writes framed records to ``wfile``, starting at its current size.
+
+    Contract:
+
+    * REQUIRES: one thread at a time (the DB calls it under its write lock / from the group
+      commit leader).
+    * ``add_record`` hands the record to the OS; it is durable only after ``sync`` returns.
+    * Once ``add_record`` or ``sync`` has raised, the writer is *failed*: the file may end in a
+      partial record, so every later call raises :class:`StorageIOError`. The caller must stop
+      writing to this file and start a new one (a record appended after a torn one would turn a
+      harmless torn tail into corruption in the middle).
+    * Never open a log that was read with a torn tail (``LogReadResult.torn_tail``) for
+      appending, for the same reason: write a new log file instead.
+
+    Cost: O(len(payload)) for the checksum plus one ``write`` system call per record.
+    """
+
+    __slots__ = ("_file", "_failed")
+
+    def __init__(self, wfile: WritableFile):
+        self._file = wfile
+        self._failed: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes in the file, including records not yet synced."""
+        return self._file.size
+
+    @property
+    def path(self) -> str:
+        return self._file.path
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise StorageIOError(
+                f"log writer stopped after an earlier failure ({self._failed})", path=self._file.path
+            )
+
+    def add_record(self, payload: bytes) -> None:
+        """Append one record holding ``payload`` (bytes; may be empty)."""
+        if self._failed is not None:
+            self._check()
+        n = len(payload)
+        if n > LOG_MAX_PAYLOAD:
+            raise InvalidArgumentError(f"log record of {n} bytes is over the {LOG_MAX_PAYLOAD} limit")
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        crc = record_crc(self._file.size, LOG_RECORD_FULL, payload)
+        masked = ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+        try:
+            self._file.append(_pack_header(masked, n, LOG_RECORD_FULL) + payload)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def sync(self) -> None:
+        """fsync the file: every record added so far is durable when this returns."""
+        self._check()
+        try:
+            self._file.sync()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def close(self) -> None:
+        """Close the file (does not sync). Idempotent."""
+        self._file.close()
