@@ -1,0 +1,163 @@
+"""Choosing what to compact: pure functions of the current levels (no files, no locks).
+
+Leveled compaction, as in LevelDB/RocksDB:
+
+- Score of L0 = (number of L0 tables) / l0_compaction_trigger; score of Ln (1 <= n < 6) =
+  bytes(Ln) / max_bytes_for_level(n), with max_bytes_for_level(n) =
+  max_bytes_for_level_base * level_size_multiplier**(n-1). The last level has no target.
+- The level with the highest score >= 1 is compacted into the next one.
+- L0 -> L1 takes every L0 table (they overlap each other) plus the L1 tables overlapping their
+  combined key range.
+- Ln -> Ln+1 takes one table of Ln, the one whose overlap with Ln+1 is the smallest relative
+  to its own size (RocksDB's kMinOverlappingRatio: least write amplification), plus the
+  overlapping tables of Ln+1. If nothing overlaps it the table is moved, not rewritten.
+- The task is *bottommost* when no level below the output level holds a key in the task's
+  range: only then may tombstones be dropped.
+
+``pick(levels, options)`` takes anything with a ``levels`` attribute or a sequence of levels,
+each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest`` (L0 newest
+first, L1+ sorted by key and non-overlapping). ``apply(levels, task, outputs)`` returns the
+levels after the task, for simulators and tests; the runner turns the same task into a
+VersionEdit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+NUM_LEVELS = 7
+
+
+@dataclass(frozen=True)
+class CompactionTask:
+    """What one compaction reads and where it writes.
+
+    ``inputs`` come from ``level`` (for L0: newest first), ``next_inputs`` from ``output_level``
+    (sorted). ``trivial_move``: the single input is moved to output_level unchanged.
+    """
+
+    level: int
+    output_level: int
+    inputs: tuple
+    next_inputs: tuple
+    bottommost: bool
+    trivial_move: bool
+    reason: str
+    score: float
+
+    @property
+    def all_inputs(self) -> tuple:
+        return self.inputs + self.next_inputs
+
+    @property
+    def smallest(self) -> bytes:
+        return min(f.smallest for f in self.all_inputs)
+
+    @property
+    def largest(self) -> bytes:
+        return max(f.largest for f in self.all_inputs)
+
+    def input_bytes(self) -> int:
+        return sum(f.size for f in self.all_inputs)
+
+
+def _levels_of(version) -> Sequence[Sequence]:
+    return version.levels if hasattr(version, "levels") else version
+
+
+def level_bytes(files) -> int:
+    return sum(f.size for f in files)
+
+
+def scores(version, options) -> list[float]:
+    """Compaction score of each level 0..NUM_LEVELS-2 (the last level has none)."""
+    levels = _levels_of(version)
+    out = [len(levels[0]) / options.l0_compaction_trigger]
+    for n in range(1, NUM_LEVELS - 1):
+        out.append(level_bytes(levels[n]) / options.max_bytes_for_level(n))
+    return out
+
+
+def overlapping(files, lo: bytes, hi: bytes) -> list:
+    """Files (of a sorted level, or any list) whose key range intersects [lo, hi]."""
+    return [f for f in files if not (f.largest < lo or f.smallest > hi)]
+
+
+def is_bottommost(levels, output_level: int, lo: bytes, hi: bytes) -> bool:
+    """True when no level deeper than output_level holds a key in [lo, hi]."""
+    for n in range(output_level + 1, NUM_LEVELS):
+        if overlapping(levels[n], lo, hi):
+            return False
+    return True
+
+
+def pick(version, options) -> CompactionTask | None:
+    """The most urgent compaction, or None when every level is within its target."""
+    levels = _levels_of(version)
+    sc = scores(levels, options)
+    best = max(range(len(sc)), key=lambda n: (sc[n], -n))
+    if sc[best] < 1.0:
+        return None
+    if best == 0:
+        return level_task(levels, 0, reason="l0-count", score=sc[0])
+    return _pick_one_file(levels, best, options, sc[best])
+
+
+def level_task(levels, level: int, *, reason: str, score: float = 0.0,
+               files=None) -> CompactionTask | None:
+    """Compact ``files`` (default: all of ``level``) into level+1 with their overlaps there."""
+    levels = _levels_of(levels)
+    inputs = tuple(levels[level] if files is None else files)
+    if not inputs or level >= NUM_LEVELS - 1:
+        return None
+    lo = min(f.smallest for f in inputs)
+    hi = max(f.largest for f in inputs)
+    nxt = tuple(overlapping(levels[level + 1], lo, hi))
+    if nxt:
+        lo = min(lo, nxt[0].smallest)
+        hi = max(hi, nxt[-1].largest)
+    trivial = level > 0 and len(inputs) == 1 and not nxt
+    return CompactionTask(level, level + 1, inputs, nxt, is_bottommost(levels, level + 1, lo, hi),
+                          trivial, reason, score)
+
+
+def _pick_one_file(levels, level: int, options, score: float) -> CompactionTask:
+    nxt_files = levels[level + 1]
+    best = None
+    best_ratio = None
+    for f in levels[level]:
+        over = level_bytes(overlapping(nxt_files, f.smallest, f.largest))
+        ratio = over / max(f.size, 1)
+        if best_ratio is None or ratio < best_ratio:
+            best, best_ratio = f, ratio
+    return level_task(levels, level, reason=f"l{level}-size", score=score, files=(best,))
+
+
+def apply(version, task: CompactionTask, outputs: Sequence) -> tuple[tuple, ...]:
+    """Levels after ``task`` ran and produced ``outputs`` (file metadata, in key order).
+
+    For a trivial move pass ``outputs=task.inputs``.
+    """
+    levels = [list(lv) for lv in _levels_of(version)]
+    gone = {f.number for f in task.all_inputs}
+    levels[task.level] = [f for f in levels[task.level] if f.number not in gone]
+    out_level = [f for f in levels[task.output_level] if f.number not in gone]
+    out_level.extend(outputs)
+    if task.output_level > 0:
+        out_level.sort(key=lambda f: f.smallest)
+    levels[task.output_level] = out_level
+    return tuple(tuple(lv) for lv in levels)
+
+
+def check_levels(version) -> None:
+    """Raise AssertionError unless L1+ are sorted and non-overlapping."""
+    levels = _levels_of(version)
+    for n in range(1, len(levels)):
+        files = levels[n]
+        for a, b in zip(files, files[1:]):
+            if not a.largest < b.smallest:
+                raise AssertionError(f"L{n} tables {a.number} and {b.number} overlap or are unsorted")
+        for f in files:
+            if f.smallest > f.largest:
+                raise AssertionError(f"L{n} table {f.number} has smallest > largest")

@@ -1,0 +1,135 @@
+"""Iterators that combine sources of entries: one rule for equal keys, newest wins.
+
+An *entry* is ``(key, seq, kind, value)``. A *source* is an iterator of entries in strictly
+increasing key order (a memtable range, a table, a level's tables one after another). Across
+sources the same key may appear several times; the entry with the largest sequence number wins
+and the others are dropped. Tombstones are passed through (the caller hides them: scans drop
+them, compaction keeps them unless it writes the bottom level).
+
+- :func:`merge_newest` is a lazy k-way heap merge (scans: cheap to start, cost per entry
+  O(log k)).
+- :func:`merge_runs_batched` merges in batches with ``list.sort`` (compaction: throughput; the
+  sort runs in C and detects the already-sorted runs, so a batch costs O(m log k)).
+- :func:`concat_tables` walks the tables of one sorted level from a start key.
+- :func:`live_items` hides tombstones and applies an exclusive end bound and a limit.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heapreplace
+from itertools import islice
+from typing import Iterable, Iterator
+
+from .format import KIND_DELETE
+
+Entry = tuple  # (key: bytes, seq: int, kind: int, value: bytes)
+
+
+def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
+    """Merge sorted sources into one sorted stream with one entry per key (largest seq wins)."""
+    heap = []
+    for i, src in enumerate(sources):
+        it = iter(src)
+        for e in it:
+            heap.append((e[0], -e[1], i, e, it))
+            break
+    heapify(heap)
+    last_key = None
+    while heap:
+        key, _nseq, i, e, it = heap[0]
+        if key != last_key:
+            last_key = key
+            yield e
+        nxt = next(it, None)
+        if nxt is None:
+            heappop(heap)
+        else:
+            heapreplace(heap, (nxt[0], -nxt[1], i, nxt, it))
+
+
+def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = 2048) -> Iterator[list[Entry]]:
+    """Merge sorted sources; yield sorted lists of entries with one entry per key, newest wins.
+
+    Reads up to ``batch`` entries from each source, emits everything up to the smallest "last
+    key read" among the sources that still have entries (all entries with a key at or below
+    that bound have been read from every source), and keeps the rest for the next round.
+    """
+    iters = [iter(s) for s in sources]
+    pending: list[Entry] = []
+    live = list(range(len(iters)))
+    while live:
+        bound = None
+        still = []
+        for i in live:
+            chunk = list(islice(iters[i], batch))
+            if chunk:
+                pending.extend(chunk)
+            if len(chunk) == batch:
+                still.append(i)
+                last = chunk[-1][0]
+                if bound is None or last < bound:
+                    bound = last
+        live = still
+        # Tuples sort by key, then seq (unique per key): the newest version of a key comes last.
+        pending.sort()
+        if bound is None:
+            out, pending = pending, []
+        else:
+            # Everything with key <= bound is complete.
+            cut = _upper_bound(pending, bound)
+            out, pending = pending[:cut], pending[cut:]
+        if out:
+            yield _dedup_sorted(out)
+
+
+def _upper_bound(entries: list[Entry], key: bytes) -> int:
+    lo, hi = 0, len(entries)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if entries[mid][0] <= key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _dedup_sorted(entries: list[Entry]) -> list[Entry]:
+    """Keep the last (newest) entry of each run of equal keys. ``entries`` sorted by (key, seq)."""
+    out = []
+    append = out.append
+    prev = None
+    for e in entries:
+        if prev is not None and prev[0] != e[0]:
+            append(prev)
+        prev = e
+    if prev is not None:
+        append(prev)
+    return out
+
+
+def concat_tables(tables, start: bytes | None = None) -> Iterator[Entry]:
+    """Entries of non-overlapping ``tables`` (sorted by key range) from ``start`` on."""
+    first = True
+    for t in tables:
+        if first:
+            first = False
+            yield from t.iterate(start)
+        else:
+            yield from t.iterate()
+
+
+def live_items(entries: Iterator[Entry], end: bytes | None = None,
+               limit: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of non-tombstone entries with key < end (exclusive), at most ``limit``."""
+    if limit is not None and limit <= 0:
+        return
+    n = 0
+    for key, _seq, kind, value in entries:
+        if end is not None and key >= end:
+            return
+        if kind == KIND_DELETE:
+            continue
+        yield key, value
+        n += 1
+        if limit is not None and n >= limit:
+            return

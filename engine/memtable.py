@@ -1,0 +1,111 @@
+"""The memtable: the newest version of each recently written key, in key order.
+
+A :class:`MemTable` maps ``key -> (seq, kind, value)`` in a ``SortedDict`` and keeps only the
+newest entry per key (the DB has no snapshots, so older versions are never needed). Deletes are
+stored as ``(seq, KIND_DELETE, b"")`` tombstones so that they hide older versions in tables.
+
+Thread safety:
+- One writer at a time calls :meth:`add` (the DB's group-commit leader); it holds ``self.lock``
+  while it mutates, so that :meth:`iterate` can copy a consistent chunk.
+- :meth:`get` takes no lock: it is one ``dict.get`` on the SortedDict (atomic under the GIL; the
+  hash table is always consistent even while the sorted key list is being updated).
+- :meth:`iterate` copies the requested range lazily, ``chunk`` entries at a time, under
+  ``self.lock``. Entries written after the iterator passed them are not seen; entries written
+  ahead of it are (each key returned is a value the key held at some moment during the scan).
+- Once frozen (:meth:`freeze`) the memtable is never mutated again.
+
+Sizes: ``approximate_bytes`` counts ``len(key) + len(value) + ENTRY_OVERHEAD`` for every write
+(overwrites included, as LevelDB's arena does), which is what the flush trigger compares.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+from sortedcontainers import SortedDict
+
+from .format import KIND_DELETE
+
+ENTRY_OVERHEAD = 16
+"""Bytes charged per entry besides key and value (sequence number, kind, bookkeeping)."""
+
+
+class MemTable:
+    """Newest-only sorted map of recent writes. See the module docstring for the contract."""
+
+    __slots__ = ("_data", "get", "lock", "approximate_bytes", "log_number", "frozen",
+                 "largest_seq", "num_deletions")
+
+    def __init__(self, log_number: int = 0):
+        self._data = SortedDict()
+        self.get = self._data.get  # key -> (seq, kind, value) | None; O(1), lock-free
+        self.lock = threading.Lock()
+        self.approximate_bytes = 0
+        self.log_number = log_number
+        self.frozen = False
+        self.largest_seq = 0
+        self.num_deletions = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def add(self, first_seq: int, ops) -> int:
+        """Insert ``ops`` = [(kind, key, value)] with sequence numbers first_seq, first_seq+1, ...
+
+        Returns the last sequence number used. REQUIRES: a single writer; not frozen.
+        O(len(ops) * log n).
+        """
+        data = self._data
+        size = 0
+        seq = first_seq - 1
+        with self.lock:
+            for kind, key, value in ops:
+                seq += 1
+                data[key] = (seq, kind, value)
+                size += len(key) + len(value) + ENTRY_OVERHEAD
+                if kind == KIND_DELETE:
+                    self.num_deletions += 1
+            self.approximate_bytes += size
+            if seq > self.largest_seq:
+                self.largest_seq = seq
+        return seq
+
+    def freeze(self) -> None:
+        """Mark immutable: from now on the memtable is only read (and flushed)."""
+        self.frozen = True
+
+    def items(self) -> Iterator[tuple[bytes, int, int, bytes]]:
+        """All entries as (key, seq, kind, value) in key order. REQUIRES: frozen."""
+        data = self._data
+        for key in data.keys():
+            seq, kind, value = data[key]
+            yield key, seq, kind, value
+
+    def iterate(self, start: bytes | None = None, end: bytes | None = None,
+                chunk: int = 128) -> Iterator[tuple[bytes, int, int, bytes]]:
+        """Entries with start <= key < end as (key, seq, kind, value), copied in chunks.
+
+        Safe while a writer adds entries (see the module docstring).
+        """
+        data = self._data
+        lock = self.lock
+        lo = start
+        inclusive = True
+        while True:
+            with lock:
+                keys = data.irange(lo, end, inclusive=(inclusive, False))
+                batch = []
+                append = batch.append
+                for key in keys:
+                    seq, kind, value = data[key]
+                    append((key, seq, kind, value))
+                    if len(batch) >= chunk:
+                        break
+            yield from batch
+            if len(batch) < chunk:
+                return
+            lo = batch[-1][0]
+            inclusive = False
+            if chunk < 4096:
+                chunk *= 2

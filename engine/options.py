@@ -1,0 +1,131 @@
+"""Options of :class:`engine.DB`, validated in one place.
+
+Every option is a field of :class:`Options` with its default and a one-line description in the
+field's ``metadata["doc"]`` (the CLI's config file mirrors these names; ``Options.describe()``
+lists them). ``Options.from_kwargs(**kw)`` is the only constructor the DB uses: an unknown name,
+a wrong type or an out-of-range value raises :class:`InvalidArgumentError` naming the option.
+
+Sizes are in bytes. The memtable size counts ``len(key) + len(value) + 16`` per entry (the
+logical size, not Python's object overhead, which is roughly 3x more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+NUM_LEVELS = 7
+"""Levels L0..L6, as in LevelDB and RocksDB (engine.version uses the same number)."""
+
+MiB = 1 << 20
+
+
+def _opt(default, doc: str, **kw):
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one DB. Immutable; build with :meth:`from_kwargs`."""
+
+    # -- durability and files ----------------------------------------------------------------
+    fs: Any = _opt(None, "engine.vfs.FileSystem for every file operation (None: the real one)")
+    create_if_missing: bool = _opt(True, "create the DB directory and files if missing")
+    error_if_exists: bool = _opt(False, "refuse to open a DB that already exists")
+    sync: bool = _opt(False, "fsync the write-ahead log before a write returns (per-write override)")
+    # -- limits ----------------------------------------------------------------------------------
+    max_key_size: int = _opt(64 * 1024, "largest key accepted, bytes", lo=1)
+    max_value_size: int = _opt(4 * MiB, "largest value accepted, bytes", lo=0)
+    # -- memtable and write stalls ---------------------------------------------------------------
+    memtable_bytes: int = _opt(8 * MiB, "memtable size (keys+values+16/entry) that triggers a flush", lo=1024)
+    max_frozen_memtables: int = _opt(2, "frozen memtables waiting for flush before writers stop", lo=1)
+    l0_compaction_trigger: int = _opt(4, "L0 table count that triggers an L0->L1 compaction", lo=1)
+    l0_slowdown_trigger: int = _opt(8, "L0 table count at which each write sleeps 1 ms", lo=1)
+    l0_stop_trigger: int = _opt(12, "L0 table count at which writers wait for compaction", lo=1)
+    slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds", lo=0.0)
+    # -- compaction ------------------------------------------------------------------------------
+    disable_auto_compactions: bool = _opt(False, "no background compaction (flushes still run)")
+    max_bytes_for_level_base: int = _opt(64 * MiB, "target size of L1, bytes", lo=1024)
+    level_size_multiplier: float = _opt(10.0, "each level's target is this times the previous one", lo=1.0)
+    target_file_size: int = _opt(4 * MiB, "size at which compaction starts a new output table", lo=1024)
+    max_grandparent_overlap_factor: int = _opt(10, "stop an output table when it overlaps this many target sizes of the next level", lo=1)
+    # -- tables and cache ------------------------------------------------------------------------
+    block_size: int = _opt(4096, "data block size, bytes", lo=256)
+    restart_interval: int = _opt(16, "keys between restart points in a data block", lo=1)
+    block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks, bytes (0: none)", lo=0)
+    # -- filters ---------------------------------------------------------------------------------
+    filter_policy: Any = _opt("blocked-bloom", "filter kind for new tables (None: no filters)")
+    bits_per_key: float = _opt(10.0, "filter bits per key on every level unless overridden", lo=0.0)
+    bits_per_key_per_level: Any = _opt(None, "list (index = level) or {level: bits} overriding bits_per_key")
+    optimize_filters_for_hits: bool = _opt(False, "build no filter for tables written to the last level")
+    filter_memory_budget: Any = _opt(None, "total filter bytes for the DB, allocated across levels by Monkey (None: off)")
+    filter_memory_cap: Any = _opt(None, "resident filter bytes; past it the coldest partitions are released (None: off)")
+    partition_bytes: int = _opt(4096, "bytes per filter partition", lo=64)
+
+    # -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_kwargs(cls, **kw) -> "Options":
+        """Validate ``kw`` and build Options. Unknown names raise InvalidArgumentError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kw) - known)
+        if unknown:
+            raise InvalidArgumentError(f"unknown option(s): {', '.join(unknown)}")
+        opts = cls(**kw)
+        opts._validate()
+        return opts
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, Any, str]]:
+        """[(name, default, doc)] for every option, in declaration order."""
+        return [(f.name, f.default, f.metadata["doc"]) for f in fields(cls)]
+
+    def _validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            lo = f.metadata.get("lo")
+            if lo is None:
+                continue
+            kind = type(f.default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+                raise InvalidArgumentError(f"option {f.name} must be a {kind.__name__}, got {v!r}")
+            if v < lo:
+                raise InvalidArgumentError(f"option {f.name} must be >= {lo}, got {v!r}")
+        for name in ("create_if_missing", "error_if_exists", "sync", "disable_auto_compactions",
+                     "optimize_filters_for_hits"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"option {name} must be a bool")
+        if not self.l0_compaction_trigger <= self.l0_slowdown_trigger <= self.l0_stop_trigger:
+            raise InvalidArgumentError(
+                "options must satisfy l0_compaction_trigger <= l0_slowdown_trigger <= l0_stop_trigger")
+        if self.filter_policy is not None and not isinstance(self.filter_policy, str):
+            raise InvalidArgumentError("option filter_policy must be a name or None")
+        for name in ("filter_memory_budget", "filter_memory_cap"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InvalidArgumentError(f"option {name} must be None or a byte count >= 0")
+        per = self.bits_per_key_per_level
+        if per is not None:
+            items = per.items() if isinstance(per, dict) else enumerate(per) if isinstance(per, (list, tuple)) else None
+            if items is None:
+                raise InvalidArgumentError("option bits_per_key_per_level must be a list or a dict")
+            for level, bits in items:
+                if not isinstance(level, int) or not 0 <= level < NUM_LEVELS:
+                    raise InvalidArgumentError(f"option bits_per_key_per_level: bad level {level!r}")
+                if isinstance(bits, bool) or not isinstance(bits, (int, float)) or bits < 0:
+                    raise InvalidArgumentError(f"option bits_per_key_per_level: bad bits {bits!r} for level {level}")
+
+    # -------------------------------------------------------------------------------------------
+    def bits_for_level(self, level: int) -> float:
+        """Configured bits per key for ``level`` (before any filter_memory_budget allocation)."""
+        per = self.bits_per_key_per_level
+        if isinstance(per, dict):
+            return float(per.get(level, self.bits_per_key))
+        if per is not None and level < len(per):
+            return float(per[level])
+        return float(self.bits_per_key)
+
+    def max_bytes_for_level(self, level: int) -> float:
+        """Target size of ``level`` >= 1: base * multiplier**(level-1)."""
+        return self.max_bytes_for_level_base * self.level_size_multiplier ** (level - 1)
