@@ -31,7 +31,19 @@ BATCH_HEADER = struct.Struct("<QI")  # first sequence number, number of operatio
 BATCH_OP_HEADER = struct.Struct("<BII")  # kind, key length, value length
 
 # ---------------------------------------------------------------------------------------------
-# Manifest (docs/format.md, "Manifest")
+# Manifest (docs/format.md, "Manifest"). Records are framed like the write-ahead log.
 # ---------------------------------------------------------------------------------------------
+NUM_LEVELS = 7  # levels 0..6; an edit naming another level is corrupt ("Version invariants")
+COMPARATOR_NAME = "sievekv.bytewise"  # keys compare as unsigned bytes ("Version edit")
+# Version edit tags ("Version edit"). A new field gets a new tag; an unknown tag is corruption.
+EDIT_TAG_COMPARATOR = 1  # string
+EDIT_TAG_LOG_NUMBER = 2  # varint
+EDIT_TAG_NEXT_FILE_NUMBER = 3  # varint
+EDIT_TAG_LAST_SEQUENCE = 4  # varint
+EDIT_TAG_COMPACT_POINTER = 5  # varint level, string key
+EDIT_TAG_DELETED_FILE = 6  # varint level, varint number
+EDIT_TAG_NEW_FILE = 7  # varint level, then the FileMeta fields listed in "Version edit"
+EDIT_FLOAT = struct.Struct("<d")  # filter_bits_per_key in a NEW_FILE entry
+DEFAULT_MAX_MANIFEST_BYTES = 4 << 20  # rotate to a new manifest past this size ("Rotation")
 
 _U32 = struct.Struct("<I")
