@@ -18,6 +18,29 @@ KIND_VALUE = 1  # a live value
 # ---------------------------------------------------------------------------------------------
 # SSTable (docs/format.md, "SSTable")
 # ---------------------------------------------------------------------------------------------
+TABLE_FORMAT_VERSION = 1  # "SSTable", "Versions"
+TABLE_MAGIC = 0x5349455645545331  # b"SIEVETS1" read as a big-endian u64; "SSTable", "Footer"
+# Footer: metaindex (u64 offset, u32 size), index (u64 offset, u32 size), u64 meta_start,
+# u32 format version, u32 masked CRC32C of the 36 bytes before it, u64 magic ("Footer").
+TABLE_FOOTER = struct.Struct("<QIQIQIIQ")
+TABLE_FOOTER_SIZE = TABLE_FOOTER.size  # 48
+# Block trailer: u8 block type, u32 masked CRC32C of contents + type byte ("Block trailer").
+BLOCK_TRAILER = struct.Struct("<BI")
+BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size  # 5
+BLOCK_TYPE_DATA = 1  # "Block trailer": the type byte names what the handle must point at
+BLOCK_TYPE_INDEX = 2
+BLOCK_TYPE_FILTER_INDEX = 3
+BLOCK_TYPE_PROPERTIES = 4
+BLOCK_TYPE_METAINDEX = 5
+# Data block entry value: u64 tag = sequence << 8 | kind, then the user value ("Data blocks").
+ENTRY_TAG = struct.Struct("<Q")
+MAX_SEQUENCE = (1 << 56) - 1
+# The filter region starts at a multiple of this; every partition starts on one and occupies a
+# whole number of them ("Filter partitions", "Placement").
+FILTER_PAGE_SIZE = 4096
+# Metaindex names ("SSTable", "Metaindex").
+META_PROPERTIES = b"sievekv.properties"
+META_FILTER_INDEX = b"sievekv.filter_index"
 
 # ---------------------------------------------------------------------------------------------
 # Write-ahead log (docs/format.md, "Write-ahead log"). The manifest uses the same record framing.

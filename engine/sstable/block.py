@@ -1,0 +1,151 @@
+"""Reads one block written by :class:`BlockBuilder` (docs/format.md, "Blocks").
+
+A :class:`Block` wraps verified block contents (the trailer is already checked and stripped).
+The constructor validates the restart array; a malformed entry met later raises
+:class:`CorruptionError` naming the file and the block's offset, never IndexError.
+
+Lookups binary-search the restart points (whose keys are stored whole) and then scan at most
+one restart interval: O(log(restarts) + restart_interval) entry decodes.
+Immutable after construction, so one Block may be shared by many threads (the block cache does).
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from typing import Iterator
+
+from ..errors import CorruptionError
+from .coding import get_varint as _varint
+
+_U32 = struct.Struct("<I")
+_u32_at = _U32.unpack_from
+
+
+class Block:
+    __slots__ = ("data", "path", "offset", "_restarts_at", "_restarts")
+
+    def __init__(self, data: bytes, *, path: str | None = None, offset: int | None = None):
+        self.data = data
+        self.path = path
+        self.offset = offset
+        n = len(data)
+        if n < 4:
+            raise self._corrupt("block shorter than its restart count")
+        num = _u32_at(data, n - 4)[0]
+        if num < 1 or num > (n - 4) // 4:
+            raise self._corrupt(f"bad restart count {num}")
+        self._restarts_at = limit = n - 4 - 4 * num
+        rs = struct.unpack_from(f"<{num}I", data, limit)
+        # Restart points start at 0, increase strictly and lie inside the entries (an empty
+        # block has the single restart point 0).
+        if rs[0] != 0 or (limit and rs[-1] >= limit) or not all(map(operator.lt, rs, rs[1:])):
+            raise self._corrupt("bad restart array")
+        self._restarts = rs
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def entries_end(self) -> int:
+        """Offset where the entries end and the restart array begins."""
+        return self._restarts_at
+
+    def _corrupt(self, what: str) -> CorruptionError:
+        return CorruptionError(f"block: {what}", path=self.path, offset=self.offset)
+
+    # -- decoding ----------------------------------------------------------------------------
+    def _entry(self, pos: int, prev_key: bytes) -> tuple[bytes, int, int]:
+        """Decode the entry at ``pos``: (key, value start, value end = next entry's offset)."""
+        data = self.data
+        limit = self._restarts_at
+        try:
+            shared = data[pos]
+            if shared < 0x80:
+                pos += 1
+            else:
+                shared, pos = _varint(data, pos, limit)
+            non_shared = data[pos]
+            if non_shared < 0x80:
+                pos += 1
+            else:
+                non_shared, pos = _varint(data, pos, limit)
+            vlen = data[pos]
+            if vlen < 0x80:
+                pos += 1
+            else:
+                vlen, pos = _varint(data, pos, limit)
+        except (IndexError, ValueError):
+            raise self._corrupt("truncated entry header") from None
+        kend = pos + non_shared
+        vend = kend + vlen
+        if shared > len(prev_key) or vend > limit:
+            raise self._corrupt(f"bad entry at block offset {pos}")
+        key = prev_key[:shared] + data[pos:kend] if shared else data[pos:kend]
+        return key, kend, vend
+
+    def _seek_restart(self, target: bytes) -> int:
+        """Offset of the last restart point whose key is < ``target`` (the first if none)."""
+        rs = self._restarts
+        entry = self._entry
+        lo, hi = 0, len(rs) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if entry(rs[mid], b"")[0] < target:
+                lo = mid
+            else:
+                hi = mid - 1
+        return rs[lo]
+
+    # -- public ------------------------------------------------------------------------------
+    def get(self, target: bytes):
+        """Return ``(value_start, value_end)`` of ``target``'s entry, or None if absent.
+
+        The value bytes are ``block.data[value_start:value_end]``. The scan below is
+        :meth:`_entry` inlined (this is the hot path of every lookup that reads a block).
+        """
+        limit = self._restarts_at
+        if limit == 0:
+            return None
+        pos = self._seek_restart(target)
+        data = self.data
+        key = b""
+        try:
+            while pos < limit:
+                shared = data[pos]
+                non_shared = data[pos + 1]
+                vlen = data[pos + 2]
+                if (shared | non_shared | vlen) < 0x80:
+                    pos += 3
+                else:
+                    shared, pos = _varint(data, pos, limit)
+                    non_shared, pos = _varint(data, pos, limit)
+                    vlen, pos = _varint(data, pos, limit)
+                kend = pos + non_shared
+                vend = kend + vlen
+                if shared > len(key) or vend > limit:
+                    raise ValueError
+                key = key[:shared] + data[pos:kend] if shared else data[pos:kend]
+                if key >= target:
+                    return (kend, vend) if key == target else None
+                pos = vend
+        except (IndexError, ValueError):
+            raise self._corrupt(f"bad entry at block offset {pos}") from None
+        return None
+
+    def entries(self, start: bytes | None = None) -> Iterator[tuple[bytes, int, int]]:
+        """Yield ``(key, value_start, value_end)`` for every entry with key >= ``start``."""
+        limit = self._restarts_at
+        if limit == 0:
+            return
+        if start is None:
+            pos = 0
+        else:
+            pos = self._seek_restart(start)
+        key = b""
+        entry = self._entry
+        while pos < limit:
+            key, vstart, pos = entry(pos, key)
+            if start is None or key >= start:
+                yield key, vstart, pos
+

@@ -1,0 +1,203 @@
+"""Writes one table (docs/format.md, "SSTable"). LevelDB's ``table_builder.cc``, plus the
+page-aligned partitioned filter region.
+
+Usage: ``b = TableBuilder(wfile, options); b.add(...)*; props = b.finish()`` (or ``abandon()``).
+``finish`` writes everything after the last data block and the footer; it does not sync or
+close ``wfile``: the caller syncs, closes and renames. Not thread safe (one writer).
+
+Layout written: data blocks from offset 0 (each sealed with a trailer), zero padding to a page
+boundary, the filter region (partitions on page boundaries, each padded to whole pages), then
+the metadata tail ``filter index, index, properties, metaindex`` (each sealed) and the footer.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import InvalidArgumentError
+from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
+                      BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES, ENTRY_TAG,
+                      FILTER_PAGE_SIZE, KIND_DELETE, KIND_VALUE, MAX_SEQUENCE,
+                      META_FILTER_INDEX, META_PROPERTIES, TABLE_FORMAT_VERSION)
+from ..vfs import WritableFile
+from .block_builder import BlockBuilder
+from .filter_builder import PartitionedFilterBuilder, round_up_pages
+from .footer import Footer
+from .handle import BlockHandle, seal
+from .index import shortest_separator
+from .options import TableOptions
+from .properties import TableProperties, encode_properties
+
+_pack_tag = ENTRY_TAG.pack
+
+
+def _policy(options: TableOptions):
+    if options.filter_policy is None:
+        return None
+    from .. import filters
+
+    try:
+        return filters.get_policy(options.filter_policy, options.bits_per_key)
+    except InvalidArgumentError:
+        raise
+    except (KeyError, ValueError) as exc:
+        raise InvalidArgumentError(f"filter policy {options.filter_policy!r}: {exc}") from exc
+
+
+class TableBuilder:
+    """Builds a table into ``wfile`` (which must be empty). See the module docstring."""
+
+    def __init__(self, wfile: WritableFile, options: TableOptions | None = None):
+        self._options = options = options if options is not None else TableOptions()
+        if wfile.size != 0:
+            raise InvalidArgumentError(f"table file {wfile.path} is not empty")
+        self._file = wfile
+        self._offset = 0
+        self._block = BlockBuilder(options.restart_interval)
+        self._index = BlockBuilder(1)
+        policy = _policy(options)
+        self._filter = (PartitionedFilterBuilder(policy, options.partition_pages_bytes,
+                                                 options.blocks_per_partition)
+                        if policy is not None else None)
+        self._last_key: bytes | None = None
+        self._pending: BlockHandle | None = None  # last block's handle, awaiting its separator
+        self._props = TableProperties(smallest_seq=MAX_SEQUENCE)
+        self._done = False
+        self.num_entries = 0
+
+    def add(self, key: bytes, seq: int, kind: int, value: bytes) -> None:
+        """Append an entry. REQUIRES: ``key`` > every key added before, ``kind`` in
+        (KIND_DELETE, KIND_VALUE), ``0 <= seq < 2**56``; else InvalidArgumentError."""
+        if self._done:
+            raise InvalidArgumentError("table builder already finished or abandoned")
+        key = bytes(key)
+        value = bytes(value)
+        last = self._last_key
+        if last is not None and key <= last:
+            raise InvalidArgumentError(f"key {key[:32]!r} is not greater than {last[:32]!r}")
+        if kind != KIND_VALUE and kind != KIND_DELETE:
+            raise InvalidArgumentError(f"bad entry kind {kind!r}")
+        if not 0 <= seq <= MAX_SEQUENCE:
+            raise InvalidArgumentError(f"sequence number {seq!r} out of range")
+        if self._pending is not None:
+            self._end_block(shortest_separator(last, key))
+        if self._filter is not None:
+            self._filter.add_key(key)
+        self._block.add(key, _pack_tag(seq << 8 | kind) + value)
+        self._last_key = key
+        self.num_entries += 1
+        p = self._props
+        if last is None:
+            p.smallest_key = key
+        p.raw_key_bytes += len(key)
+        p.raw_value_bytes += len(value)
+        if kind == KIND_DELETE:
+            p.num_tombstones += 1
+        if seq < p.smallest_seq:
+            p.smallest_seq = seq
+        if seq > p.largest_seq:
+            p.largest_seq = seq
+        if self._block.current_size_estimate() >= self._options.block_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._pending = self._write(self._block.finish(), BLOCK_TYPE_DATA)
+        self._block.reset()
+
+    def _end_block(self, separator: bytes) -> None:
+        self._index.add(separator, self._pending.encode())
+        self._pending = None
+        if self._filter is not None:
+            self._filter.end_block(separator)
+
+    def _write(self, contents: bytes, block_type: int) -> BlockHandle:
+        handle = BlockHandle(self._offset, len(contents))
+        self._file.append(seal(contents, block_type))
+        self._offset += len(contents) + BLOCK_TRAILER_SIZE
+        return handle
+
+    def estimated_file_size(self) -> int:
+        """Bytes the table would take if finished now (an estimate, for cutting outputs)."""
+        size = self._offset + self._block.current_size_estimate()
+        size += self._index.current_size_estimate() + 256
+        if self._filter is not None:
+            size += FILTER_PAGE_SIZE + self._filter.estimated_bytes()
+        return size
+
+    def finish(self) -> TableProperties:
+        """Write the last block, the filter region, the metadata and the footer.
+
+        Returns the table's properties. Does not sync or close the file.
+        """
+        if self._done:
+            raise InvalidArgumentError("table builder already finished or abandoned")
+        self._done = True
+        opts = self._options
+        p = self._props
+        if not self._block.empty:
+            self._flush()
+        if self._pending is not None:
+            self._end_block(self._last_key)
+        p.data_bytes = self._offset
+        p.num_entries = self.num_entries
+        p.num_data_blocks = self._index.num_entries
+        if self.num_entries == 0:
+            p.smallest_seq = 0
+        else:
+            p.largest_key = self._last_key
+        fb = self._filter
+        if fb is not None:
+            fb.finish(self._last_key)
+            if fb.partitions:
+                self._write_filter_region(fb)
+            p.filter_policy = fb.policy.name
+            p.filter_params = dict(fb.policy.params())
+            p.bits_per_key = float(opts.bits_per_key)
+            if self.num_entries:
+                p.effective_bits_per_key = 8 * fb.filter_data_bytes() / self.num_entries
+            p.filter_bytes = fb.region_bytes
+            p.num_filter_partitions = len(fb.partitions)
+        meta_start = self._offset
+        meta = BlockBuilder(1)
+        if fb is not None and fb.partitions:
+            contents = fb.index_block()
+            p.filter_index_bytes = len(contents)
+            fi_handle = self._write(contents, BLOCK_TYPE_FILTER_INDEX)
+        index_contents = self._index.finish()
+        p.index_bytes = len(index_contents)
+        index_handle = self._write(index_contents, BLOCK_TYPE_INDEX)
+        p.block_size = opts.block_size
+        p.restart_interval = opts.restart_interval
+        p.partition_bytes = opts.partition_pages_bytes if fb is not None else 0
+        p.format_version = TABLE_FORMAT_VERSION
+        p.creation_time = int(time.time())
+        props_handle = self._write(encode_properties(p), BLOCK_TYPE_PROPERTIES)
+        if fb is not None and fb.partitions:
+            meta.add(META_FILTER_INDEX, fi_handle.encode())  # names added in sorted order
+        meta.add(META_PROPERTIES, props_handle.encode())
+        meta_handle = self._write(meta.finish(), BLOCK_TYPE_METAINDEX)
+        footer = Footer(meta_handle, index_handle, meta_start).encode()
+        self._file.append(footer)
+        self._offset += len(footer)
+        return p
+
+    def _write_filter_region(self, fb: PartitionedFilterBuilder) -> None:
+        pad = round_up_pages(self._offset) - self._offset
+        if pad:
+            self._file.append(bytes(pad))
+            self._offset += pad
+        for _, data, _, _ in fb.partitions:
+            padded = round_up_pages(len(data))
+            self._file.append(data + bytes(padded - len(data)))
+            self._offset += padded
+
+    def abandon(self) -> None:
+        """Stop building; the file holds a partial table the caller should delete."""
+        self._done = True
+        self._filter = None
+        self._block.reset()
+
+    @property
+    def file_size(self) -> int:
+        """Bytes written so far (the file size after :meth:`finish`)."""
+        return self._offset

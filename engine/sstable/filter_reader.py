@@ -1,0 +1,252 @@
+"""Probes the partitioned filter, mapping the filter region lazily
+(docs/format.md, "Filter partitions").
+
+Nothing is read or mapped until the first probe. The first probe maps the whole filter region
+read-only with ``MADV_RANDOM``; from then on a probe reads only its partition's pages, which the
+OS pages in on first touch. Per partition the reader keeps a state byte:
+
+* ``UNTOUCHED``: never probed; the first probe verifies the partition's CRC (stored in the
+  filter index). A mismatch marks it ``BAD``: every later probe answers "may match" and counts
+  a ``filter_error``. An unknown policy (no decoder for the stored name) does the same for every
+  partition, without mapping anything.
+* ``RESIDENT``: probed since the last release; probes take the fast path.
+* ``VERIFIED``: released (``madvise(DONTNEED)``) since; the next probe faults it back in.
+
+A probe that makes a partition resident (first touch, or first touch after a release) drops the
+neighbouring pages the kernel's fault-around mapped with it (see engine/sstable/residency.py)
+and tells the DB's ``residency`` hook ``on_fault(owner, p, nbytes)``, outside any lock.
+
+Thread safety: probes may run from many threads without a lock (counters are plain ints: good
+enough for statistics); mapping and CRC verification take an internal lock. ``release`` may be
+called from any thread (the DB's filter cap). REQUIRES: no probe in flight when ``close`` runs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import operator
+import struct
+import threading
+from bisect import bisect_left
+
+from ..checksum import masked_crc
+from ..errors import ClosedError, CorruptionError
+from ..format import FILTER_PAGE_SIZE
+from ..vfs import RandomAccessFile
+from .block import Block
+from .coding import get_varint
+from .filter_builder import round_up_pages
+
+UNTOUCHED, VERIFIED, RESIDENT, BAD = 0, 1, 2, 3
+FAULT_AROUND_BYTES = 64 * 1024  # Linux default fault_around_bytes: the window to clean up
+
+_U32 = struct.Struct("<I")
+
+
+def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
+    """Decode the filter index block into parallel lists
+    ``(separators, offsets, sizes, crcs, first_blocks, num_keys)``.
+
+    Checks the placement invariants: partitions start on page boundaries, lie back to back from
+    region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0.
+    Raises CorruptionError naming the file and the block's offset otherwise.
+    """
+    data = block.data
+    limit = block.entries_end
+    keys, offsets, sizes, crcs, firsts, nkeys = [], [], [], [], [], []
+    pos = 0
+    expect = 0
+    try:
+        while pos < limit:
+            shared, pos = get_varint(data, pos, limit)
+            klen, pos = get_varint(data, pos, limit)
+            vlen, pos = get_varint(data, pos, limit)
+            kend = pos + klen
+            vend = kend + vlen
+            if shared or vend > limit:
+                raise ValueError("bad filter index entry")
+            keys.append(data[pos:kend])
+            off, p = get_varint(data, kend, vend)
+            size, p = get_varint(data, p, vend)
+            if p + 4 > vend:
+                raise ValueError("truncated filter index entry")
+            crcs.append(_U32.unpack_from(data, p)[0])
+            first, p = get_varint(data, p + 4, vend)
+            n, p = get_varint(data, p, vend)
+            if p != vend or off != expect or size < 1:
+                raise ValueError(f"partition ({off}, {size}) out of place")
+            if first >= num_data_blocks or (firsts and first <= firsts[-1]) or (not firsts and first):
+                raise ValueError(f"partition's first data block {first} out of order")
+            expect = off + round_up_pages(size)
+            offsets.append(off)
+            sizes.append(size)
+            firsts.append(first)
+            nkeys.append(n)
+            pos = vend
+        if expect != region_size:
+            raise ValueError(f"partitions end at {expect}, region size is {region_size}")
+        if not all(map(operator.lt, keys, keys[1:])):
+            raise ValueError("filter index keys out of order")
+    except ValueError as exc:
+        raise CorruptionError(f"filter index: {exc}", path=block.path,
+                              offset=block.offset) from None
+    return keys, offsets, sizes, crcs, firsts, nkeys
+
+
+class PartitionedFilter:
+    """The filter of one table. See the module docstring for states, costs and threading."""
+
+    def __init__(self, file: RandomAccessFile, index: Block, region_offset: int,
+                 region_size: int, policy, num_data_blocks: int, owner=None, residency=None):
+        (self._keys, self._offsets, self._sizes, self._crcs, self.first_blocks,
+         self.num_keys) = decode_filter_index(index, region_size, num_data_blocks)
+        self._n = n = len(self._keys)
+        self._file = file
+        self.region_offset = region_offset
+        self.region_size = region_size
+        self.index_bytes = len(index.data)
+        self.policy = policy
+        self._match = policy.may_match if policy is not None else None
+        self._owner = owner
+        self._residency = residency
+        self.ref = bytearray(n)  # CLOCK reference bits, set on every probe
+        self._state = bytearray(n)
+        self._views: list = [None] * n
+        self._mm: mmap.mmap | None = None
+        self._mv: memoryview | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.positives = 0
+        self.negatives = 0
+        self.true_positives = 0
+        self.filter_errors = 0
+
+    @property
+    def num_partitions(self) -> int:
+        return self._n
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.region_size if self._mm is not None else 0
+
+    def partition_bytes(self, p: int) -> int:
+        """Bytes of the pages partition ``p`` occupies."""
+        return round_up_pages(self._sizes[p])
+
+    # -- probing -----------------------------------------------------------------------------
+    def may_match(self, key: bytes) -> bool:
+        """False only if ``key`` is certainly not in the table. Hot path: no lock, no I/O
+        once the partition is resident."""
+        p = bisect_left(self._keys, key)
+        if p == self._n:
+            return False  # above the table's largest key
+        self.ref[p] = 1
+        if self._state[p] == RESIDENT:
+            if self._match(self._views[p], key):
+                self.positives += 1
+                return True
+            self.negatives += 1
+            return False
+        return self._probe_slow(p, key)
+
+    def _probe_slow(self, p: int, key: bytes) -> bool:
+        if self._closed:
+            raise ClosedError("table is closed")
+        if self._match is None or self._state[p] == BAD:
+            self.filter_errors += 1
+            return True
+        with self._lock:
+            if self._closed:
+                raise ClosedError("table is closed")
+            if self._mm is None:
+                self._map_locked()
+            st = self._state[p]
+            if st == UNTOUCHED:
+                # Reading the partition for its CRC is what faults its pages in.
+                ok = masked_crc(self._views[p]) == self._crcs[p]
+                st = VERIFIED if ok else BAD
+            if st == VERIFIED:
+                st = RESIDENT
+                self._fault_in(p)
+            self._state[p] = st
+        if st == BAD:
+            self.filter_errors += 1
+            return True
+        if self._residency is not None:
+            self._residency.on_fault(self._owner, p, self.partition_bytes(p))
+        if self._match(self._views[p], key):
+            self.positives += 1
+            return True
+        self.negatives += 1
+        return False
+
+    def _map_locked(self) -> None:
+        mm = self._file.map(self.region_offset, self.region_size)
+        mm.madvise(mmap.MADV_RANDOM)
+        mv = memoryview(mm)
+        self._views = [mv[o : o + s] for o, s in zip(self._offsets, self._sizes)]
+        self._mm, self._mv = mm, mv
+
+    def _fault_in(self, p: int) -> None:
+        """Touch partition ``p``'s pages, then drop the pages of non-resident neighbours that
+        fault-around mapped with them. REQUIRES: the lock held, the region mapped."""
+        view = self._views[p]
+        for i in range(0, len(view), FILTER_PAGE_SIZE):
+            view[i]
+        off = self._offsets
+        state = self._state
+        lo = off[p] - FAULT_AROUND_BYTES
+        hi = off[p] + round_up_pages(self._sizes[p]) + FAULT_AROUND_BYTES
+        runs: list[list[int]] = []
+        q = p - 1
+        while q >= 0 and off[q] + round_up_pages(self._sizes[q]) > lo:
+            q -= 1
+        for q in range(q + 1, self._n):
+            start = off[q]
+            if start >= hi:
+                break
+            if q == p or state[q] == RESIDENT:
+                continue
+            end = start + round_up_pages(self._sizes[q])
+            if runs and runs[-1][1] == start:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end])
+        mm = self._mm
+        for start, end in runs:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def release(self, p: int) -> int:
+        """Drop partition ``p``'s pages (``madvise(DONTNEED)``); return the bytes released
+        (0 if it was not resident). The next probe faults it back in from the file."""
+        with self._lock:
+            mm = self._mm
+            if mm is None or self._state[p] != RESIDENT:
+                return 0
+            self._state[p] = VERIFIED
+            nbytes = round_up_pages(self._sizes[p])
+            mm.madvise(mmap.MADV_DONTNEED, self._offsets[p], nbytes)
+            return nbytes
+
+    # -- accounting --------------------------------------------------------------------------
+    def partitions_touched(self) -> int:
+        return self._n - self._state.count(UNTOUCHED)
+
+    def partitions_resident(self) -> int:
+        return self._state.count(RESIDENT)
+
+    def close(self) -> None:
+        """Unmap the region. Idempotent. REQUIRES: no probe in flight."""
+        with self._lock:
+            self._closed = True
+            self._state = bytearray(self._n)  # sends any late probe to the slow path
+            views, self._views = self._views, [None] * self._n
+            for v in views:
+                if v is not None:
+                    v.release()
+            if self._mv is not None:
+                self._mv.release()
+                self._mv = None
+            if self._mm is not None:
+                self._mm.close()
+                self._mm = None

@@ -1,0 +1,72 @@
+"""The index block: one entry per data block (docs/format.md, "SSTable", "Index block").
+
+Entry ``i`` maps a separator key ``S_i`` to the handle of data block ``i``, where
+``last_key(i) <= S_i < first_key(i + 1)`` (the last entry's key is the table's largest key), so
+``bisect_left(separators, key)`` names the only block that can hold ``key``. Separators are
+shortened like LevelDB's ``FindShortestSeparator``. Index blocks use restart interval 1 (every
+key whole), which :func:`decode_index` relies on to decode the block in one tight loop into
+plain lists that the table keeps in memory.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from ..errors import CorruptionError
+from ..format import BLOCK_TRAILER_SIZE
+from .block import Block
+from .coding import get_varint
+
+
+def shortest_separator(start: bytes, limit: bytes) -> bytes:
+    """A short key ``s`` with ``start <= s < limit``. REQUIRES: ``start < limit``."""
+    n = min(len(start), len(limit))
+    i = 0
+    while i < n and start[i] == limit[i]:
+        i += 1
+    if i < n:
+        b = start[i]
+        if b < 0xFF and b + 1 < limit[i]:
+            return start[:i] + bytes((b + 1,))
+    return start
+
+
+def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], list[int]]:
+    """Decode an index block into ``(separators, offsets, sizes)``.
+
+    Checks what the format promises: keys whole and strictly increasing, data blocks laid out
+    back to back from offset 0 (each followed by its trailer) and ending at ``data_end``.
+    Raises CorruptionError naming the file and the index block's offset otherwise.
+    """
+    data = block.data
+    limit = block.entries_end
+    keys: list[bytes] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    pos = 0
+    expect = 0
+    try:
+        while pos < limit:
+            shared, pos = get_varint(data, pos, limit)
+            klen, pos = get_varint(data, pos, limit)
+            vlen, pos = get_varint(data, pos, limit)
+            kend = pos + klen
+            vend = kend + vlen
+            if shared or vend > limit:
+                raise ValueError("bad index entry")
+            keys.append(data[pos:kend])
+            off, p = get_varint(data, kend, vend)
+            size, p = get_varint(data, p, vend)
+            if off != expect or p != vend:
+                raise ValueError(f"data block handle ({off}, {size}) out of place")
+            expect = off + size + BLOCK_TRAILER_SIZE
+            offsets.append(off)
+            sizes.append(size)
+            pos = vend
+        if expect != data_end:
+            raise ValueError(f"data blocks end at {expect}, expected {data_end}")
+        if not all(map(operator.lt, keys, keys[1:])):
+            raise ValueError("index keys out of order")
+    except ValueError as exc:
+        raise CorruptionError(f"index block: {exc}", path=block.path, offset=block.offset) from None
+    return keys, offsets, sizes

@@ -1,0 +1,57 @@
+"""Options of one table build (docs/format.md, "SSTable" and "Filter partitions")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+from ..format import FILTER_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How :class:`TableBuilder` lays out a table. Readers need none of it (it is all stored).
+
+    ``block_size``: a data block is cut once its contents reach this many bytes (about 4 KiB;
+    an entry is never split, so a large value makes one large block).
+    ``restart_interval``: keys between restart points inside a data block.
+    ``filter_policy``: the filter kind (``engine.filters.get_policy`` name); None = no filter.
+    ``bits_per_key``: filter bits per key the partitions are sized for (> 0 with a policy).
+    ``partition_bytes``: target size of one filter partition. Partitions are whole pages, so
+    it is rounded up to a multiple of 4096; consecutive data blocks are grouped into one
+    partition while their keys fit it at ``bits_per_key``, then the partition is built to fill
+    its pages exactly.
+    ``blocks_per_partition``: if set, a fixed number of data blocks per partition instead
+    (partitions then take as many pages as their keys need).
+    """
+
+    block_size: int = 4096
+    restart_interval: int = 16
+    filter_policy: str | None = "blocked-bloom"
+    bits_per_key: float = 10.0
+    partition_bytes: int = 4096
+    blocks_per_partition: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise InvalidArgumentError(f"block_size must be a positive int, not {self.block_size!r}")
+        if not isinstance(self.restart_interval, int) or self.restart_interval < 1:
+            raise InvalidArgumentError(
+                f"restart_interval must be a positive int, not {self.restart_interval!r}")
+        if self.filter_policy is not None:
+            if not isinstance(self.filter_policy, str):
+                raise InvalidArgumentError("filter_policy must be a str or None")
+            if not self.bits_per_key > 0:
+                raise InvalidArgumentError(
+                    f"bits_per_key must be > 0 with a filter, not {self.bits_per_key!r}")
+        if not isinstance(self.partition_bytes, int) or self.partition_bytes < 1:
+            raise InvalidArgumentError(
+                f"partition_bytes must be a positive int, not {self.partition_bytes!r}")
+        bpp = self.blocks_per_partition
+        if bpp is not None and (not isinstance(bpp, int) or bpp < 1):
+            raise InvalidArgumentError(f"blocks_per_partition must be None or >= 1, not {bpp!r}")
+
+    @property
+    def partition_pages_bytes(self) -> int:
+        """``partition_bytes`` rounded up to whole filter pages."""
+        return -(-self.partition_bytes // FILTER_PAGE_SIZE) * FILTER_PAGE_SIZE

@@ -1,0 +1,288 @@
+"""Reads one table (docs/format.md, "SSTable"). LevelDB's ``table.cc`` with a lazily mapped,
+partitioned filter.
+
+:meth:`Table.open` reads only the footer and the metadata tail (filter index, index, properties,
+metaindex: two ``pread`` calls), verifies their checksums and keeps the index and the filter
+index in memory as plain lists. It neither reads nor maps the filter region.
+
+``get`` checks the key range, then probes the key's filter partition (mapping the region on the
+first probe), and only on "may match" reads one data block (through the block cache, if any).
+A checksum mismatch in a data block raises CorruptionError naming the file and offset; a filter
+partition that fails its checksum, or a filter policy this build does not know, answers "may
+match" and counts a ``filter_error``: errors never turn into a false "absent".
+
+Thread safety: after ``open``, ``get``/``may_match``/``iterate``/``release_partition`` may run
+from many threads (statistics are plain ints, updated without a lock). REQUIRES: no call in
+flight when ``close`` runs; calls after ``close`` raise ClosedError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from bisect import bisect_left
+from typing import Iterator
+
+from ..errors import ClosedError, CorruptionError
+from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
+                      BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES,
+                      ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
+                      TABLE_FOOTER_SIZE)
+from ..vfs import FileSystem
+from . import residency as _residency
+from .block import Block
+from .filter_builder import round_up_pages
+from .filter_reader import PartitionedFilter
+from .footer import Footer
+from .handle import BlockHandle, decode_handle, unseal
+from .index import decode_index
+from .properties import TableProperties, decode_properties
+
+_tag_at = ENTRY_TAG.unpack_from
+_anonymous_ids = itertools.count(1)
+
+
+def _filter_decoder(name: str, params: dict):
+    """The policy that reads filters stored under ``name``/``params``, or None if this build
+    cannot read them (the table then answers "may match" and counts filter errors)."""
+    from .. import filters
+
+    try:
+        return filters.policy_from_stored(name, params)
+    except Exception:  # an unknown name or unreadable params: the filter is unusable, not fatal
+        return None
+
+
+class Table:
+    """An open, immutable table. See the module docstring; build with :meth:`open`."""
+
+    def __init__(self, file, path: str, file_number: int, block_cache, residency):
+        self._file = file
+        self.path = path
+        self.file_number = file_number
+        self.file_size = size = file.size
+        self._cache = block_cache
+        # Blocks of tables opened without a file number must not collide in a shared cache.
+        self._cache_id = file_number if file_number else -next(_anonymous_ids)
+        self._closed = False
+        self.data_blocks_read = 0  # data blocks consulted (cache hits included)
+        self.data_block_file_reads = 0  # of those, read from the file
+        if size < TABLE_FOOTER_SIZE:
+            raise CorruptionError(f"file of {size} bytes is too short for a table", path=path,
+                                  offset=0)
+        footer = Footer.decode(file.read_at(size - TABLE_FOOTER_SIZE, TABLE_FOOTER_SIZE), size,
+                               path)
+        start = footer.meta_start
+        tail = file.read_at(start, size - TABLE_FOOTER_SIZE - start)
+
+        def meta_block(handle: BlockHandle, block_type: int) -> Block:
+            lo = handle.offset - start
+            hi = lo + handle.size + BLOCK_TRAILER_SIZE
+            if lo < 0 or hi > len(tail):
+                raise CorruptionError("block handle outside the metadata tail", path=path,
+                                      offset=handle.offset)
+            return Block(unseal(tail[lo:hi], handle, block_type, path), path=path,
+                         offset=handle.offset)
+
+        metaindex = meta_block(footer.metaindex, BLOCK_TYPE_METAINDEX)
+        handles = {}
+        try:
+            for name, vs, ve in metaindex.entries():
+                handle, end = decode_handle(metaindex.data, vs, ve)
+                if end != ve:
+                    raise ValueError("trailing bytes")
+                handles[name] = handle
+        except ValueError as exc:
+            raise CorruptionError(f"metaindex: {exc}", path=path,
+                                  offset=footer.metaindex.offset) from None
+        if META_PROPERTIES not in handles:
+            raise CorruptionError("metaindex has no properties block", path=path,
+                                  offset=footer.metaindex.offset)
+        self.properties = props = decode_properties(
+            meta_block(handles[META_PROPERTIES], BLOCK_TYPE_PROPERTIES))
+        self.smallest = props.smallest_key
+        self.largest = props.largest_key
+        index = meta_block(footer.index, BLOCK_TYPE_INDEX)
+        self._index_keys, self._offsets, self._sizes = decode_index(index, props.data_bytes)
+        self._nblocks = n = len(self._index_keys)
+        if n != props.num_data_blocks or (n and self._index_keys[-1] != props.largest_key) \
+                or (n == 0) != (props.num_entries == 0):
+            raise CorruptionError("index disagrees with the properties", path=path,
+                                  offset=footer.index.offset)
+        self._filter: PartitionedFilter | None = None
+        fi = handles.get(META_FILTER_INDEX)
+        region_offset = round_up_pages(props.data_bytes)
+        if fi is None:
+            if start != props.data_bytes:
+                raise CorruptionError("metadata does not follow the data blocks", path=path,
+                                      offset=start)
+        else:
+            if region_offset + props.filter_bytes != start:
+                raise CorruptionError("filter region does not end at the metadata", path=path,
+                                      offset=start)
+            self._filter = PartitionedFilter(
+                file, meta_block(fi, BLOCK_TYPE_FILTER_INDEX), region_offset,
+                props.filter_bytes, _filter_decoder(props.filter_policy, props.filter_params),
+                n, owner=self, residency=residency)
+        self._real_path = _residency.canonical_path(path)
+
+    @classmethod
+    def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
+             residency=None) -> "Table":
+        """Open the table at ``path``: reads the footer and the metadata tail only.
+
+        Raises CorruptionError (naming the file and offset) if they fail a checksum or the
+        format, StorageIOError if the file cannot be read.
+        """
+        file = fs.open_readable(path)
+        try:
+            return cls(file, path, file_number, block_cache, residency)
+        except BaseException:
+            file.close()
+            raise
+
+    # -- point lookups -----------------------------------------------------------------------
+    def get(self, key: bytes) -> tuple[int, int, bytes] | None:
+        """``(seq, kind, value)`` of ``key`` (tombstones included), or None if absent.
+
+        Probes the filter before any data block; on a filter negative reads nothing.
+        """
+        if key > self.largest or key < self.smallest:
+            return None
+        f = self._filter
+        if f is not None and not f.may_match(key):
+            return None
+        i = bisect_left(self._index_keys, key)
+        if i == self._nblocks:
+            return None
+        block = self._data_block(i)
+        r = block.get(key)
+        if r is None:
+            return None
+        vs, ve = r
+        if f is not None:
+            f.true_positives += 1
+        return self._decode(block, vs, ve)
+
+    def may_match(self, key: bytes) -> bool:
+        """The filter's answer (range check included); True when the table has no filter."""
+        if key > self.largest or key < self.smallest:
+            return False
+        f = self._filter
+        return f.may_match(key) if f is not None else self._nblocks > 0
+
+    def _decode(self, block: Block, vs: int, ve: int) -> tuple[int, int, bytes]:
+        if ve - vs < ENTRY_TAG.size:
+            raise CorruptionError("entry shorter than its tag", path=self.path,
+                                  offset=block.offset)
+        tag = _tag_at(block.data, vs)[0]
+        kind = tag & 0xFF
+        if kind != KIND_VALUE and kind != KIND_DELETE:
+            raise CorruptionError(f"bad entry kind {kind}", path=self.path, offset=block.offset)
+        return tag >> 8, kind, block.data[vs + 8 : ve]
+
+    # -- scans -------------------------------------------------------------------------------
+    def iterate(self, start: bytes | None = None, *, fill_cache: bool = True
+                ) -> Iterator[tuple[bytes, int, int, bytes]]:
+        """Yield ``(key, seq, kind, value)`` in key order from the first key >= ``start``.
+
+        Reads blocks through the block cache (``fill_cache=False``: do not insert what a scan
+        reads, e.g. for compaction).
+        """
+        first = 0 if start is None else bisect_left(self._index_keys, start)
+        decode = self._decode
+        for i in range(first, self._nblocks):
+            block = self._data_block(i, fill_cache)
+            for key, vs, ve in block.entries(start if i == first else None):
+                seq, kind, value = decode(block, vs, ve)
+                yield key, seq, kind, value
+
+    def _data_block(self, i: int, fill_cache: bool = True) -> Block:
+        self.data_blocks_read += 1
+        cache = self._cache
+        if cache is not None:
+            ck = (self._cache_id, self._offsets[i])
+            block = cache.get(ck)
+            if block is not None:
+                return block
+        if self._closed:
+            raise ClosedError(f"table {self.path} is closed")
+        handle = BlockHandle(self._offsets[i], self._sizes[i])
+        raw = self._file.read_at(handle.offset, handle.size + BLOCK_TRAILER_SIZE)
+        block = Block(unseal(raw, handle, BLOCK_TYPE_DATA, self.path), path=self.path,
+                      offset=handle.offset)
+        self.data_block_file_reads += 1
+        if cache is not None and fill_cache:
+            cache.insert(ck, block, len(block.data))
+        return block
+
+    # -- filter memory -----------------------------------------------------------------------
+    @property
+    def filter_ref(self) -> bytearray:
+        """One CLOCK reference byte per filter partition, set to 1 by every probe."""
+        f = self._filter
+        return f.ref if f is not None else bytearray()
+
+    def release_partition(self, p: int) -> int:
+        """``madvise(DONTNEED)`` partition ``p``'s pages; return the bytes released."""
+        f = self._filter
+        return f.release(p) if f is not None else 0
+
+    def filter_stats(self, resident_by_path: dict | None = None) -> dict:
+        """The filter accounting of this table (see docs/format.md, "Filter partitions").
+
+        ``resident_bytes`` is measured by the OS (smaps Rss of this file's mappings). Pass
+        ``resident_by_path`` from :func:`engine.sstable.residency.resident_bytes` to report many
+        tables from one smaps pass; otherwise this call makes its own pass.
+        """
+        f = self._filter
+        props = self.properties
+        if f is None:
+            resident = 0
+        elif resident_by_path is not None and self.path in resident_by_path:
+            resident = resident_by_path[self.path]
+        else:
+            resident = _residency.resident_bytes([self._real_path])[self._real_path]
+        stats = {
+            "policy": props.filter_policy or None,
+            "policy_known": f is not None and f.policy is not None,
+            "keys": props.num_entries,
+            "bits_per_key": props.bits_per_key,
+            "effective_bits_per_key": props.effective_bits_per_key,
+            "filter_bytes": props.filter_bytes,
+            "filter_index_bytes": props.filter_index_bytes,
+            "mapped_bytes": f.mapped_bytes if f is not None else 0,
+            "resident_bytes": resident,
+            "partitions": f.num_partitions if f is not None else 0,
+            "partitions_touched": f.partitions_touched() if f is not None else 0,
+            "partitions_resident": f.partitions_resident() if f is not None else 0,
+        }
+        pos = f.positives if f is not None else 0
+        neg = f.negatives if f is not None else 0
+        tp = f.true_positives if f is not None else 0
+        errors = f.filter_errors if f is not None else 0
+        fp = max(pos - tp, 0)
+        stats.update(probes=pos + neg + errors, negatives=neg, useful=neg, positives=pos,
+                     true_positives=tp, false_positives=fp, filter_errors=errors,
+                     observed_fpr=(fp / (fp + neg)) if fp + neg else None)
+        return stats
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap the filter region and close the file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._filter is not None:
+            self._filter.close()
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Table({self.path!r}, entries={self.properties.num_entries}, "
+                f"blocks={self._nblocks})")

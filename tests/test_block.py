@@ -1,0 +1,132 @@
+"""Blocks, varints and block trailers (engine/sstable/{coding,block_builder,block,handle}.py)."""
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engine.errors import CorruptionError
+from engine.format import BLOCK_TYPE_DATA, BLOCK_TYPE_INDEX
+from engine.sstable.block import Block
+from engine.sstable.block_builder import BlockBuilder
+from engine.sstable.coding import encode_varint, get_varint
+from engine.sstable.handle import BlockHandle, decode_handle, seal, unseal
+
+
+# -- varints ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("v", [0, 1, 127, 128, 300, 2**32 - 1, 2**56, 2**64 - 1])
+def test_varint_round_trip(v):
+    enc = encode_varint(v)
+    assert get_varint(enc, 0, len(enc)) == (v, len(enc))
+    assert get_varint(b"xx" + enc + b"yy", 2, len(enc) + 4) == (v, len(enc) + 2)
+
+
+def test_varint_truncated_or_overlong_is_an_error():
+    enc = encode_varint(2**40)
+    with pytest.raises(ValueError):
+        get_varint(enc, 0, len(enc) - 1)
+    with pytest.raises(ValueError):
+        get_varint(b"\xff" * 11, 0, 11)
+    with pytest.raises(ValueError):
+        get_varint(b"", 0, 0)
+
+
+# -- blocks ----------------------------------------------------------------------------------
+def build(entries, interval):
+    b = BlockBuilder(interval)
+    for k, v in entries:
+        b.add(k, v)
+    est = b.current_size_estimate()
+    data = b.finish()
+    assert len(data) == est
+    return Block(data, path="mem", offset=0)
+
+
+sorted_entries = st.dictionaries(st.binary(max_size=24), st.binary(max_size=300), max_size=80).map(
+    lambda d: sorted(d.items()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(sorted_entries, st.integers(1, 20), st.binary(max_size=24))
+def test_block_round_trip_and_lookups(entries, interval, probe):
+    block = build(entries, interval)
+    data = block.data
+    assert [(k, data[s:e]) for k, s, e in block.entries()] == entries
+    for k, v in entries:
+        s, e = block.get(k)
+        assert data[s:e] == v
+    present = dict(entries)
+    r = block.get(probe)
+    assert (r is None) == (probe not in present)
+    expected = [(k, v) for k, v in entries if k >= probe]
+    assert [(k, data[s:e]) for k, s, e in block.entries(probe)] == expected
+
+
+def test_prefix_compression_shrinks_shared_prefixes():
+    keys = [b"user:%010d" % i for i in range(100)]
+    compressed = build([(k, b"") for k in keys], 16)
+    whole = build([(k, b"") for k in keys], 1)
+    assert len(compressed) < len(whole) * 0.6
+
+
+def test_builder_reset_and_empty_block():
+    b = BlockBuilder(4)
+    assert b.empty
+    b.add(b"a", b"1")
+    b.finish()
+    b.reset()
+    assert b.empty and b.num_entries == 0
+    empty = Block(b.finish())
+    assert empty.get(b"a") is None and list(empty.entries()) == []
+
+
+@pytest.mark.parametrize("data", [b"", b"\x01\x00", b"\x00\x00\x00\x00", b"\xff\xff\xff\x7f",
+                                  b"abcd\x05\x00\x00\x00\x01\x00\x00\x00"])
+def test_malformed_restart_arrays_raise_corruption(data):
+    with pytest.raises(CorruptionError):
+        Block(data, path="f", offset=7)
+
+
+def test_malformed_entries_raise_corruption_not_index_error():
+    rng = random.Random(5)
+    good = build([(b"k%03d" % i, b"v" * i) for i in range(40)], 4).data
+    restarts_at = len(good) - 4 - 4 * int.from_bytes(good[-4:], "little")
+    outcomes = set()
+    for _ in range(300):
+        bad = bytearray(good)
+        bad[rng.randrange(restarts_at)] = rng.randrange(256)
+        try:
+            block = Block(bytes(bad), path="f", offset=0)
+            for k, _, _ in block.entries():
+                block.get(k)
+            outcomes.add("ok")
+        except CorruptionError as exc:
+            assert exc.path == "f"
+            outcomes.add("corruption")
+    assert "corruption" in outcomes
+
+
+# -- handles and trailers --------------------------------------------------------------------
+def test_handle_round_trip():
+    h = BlockHandle(2**40 + 3, 4096)
+    enc = h.encode()
+    assert decode_handle(enc) == (h, len(enc))
+    with pytest.raises(ValueError):
+        decode_handle(enc[:-1])
+
+
+def test_seal_unseal_checks_length_type_and_checksum():
+    contents = b"some block contents"
+    raw = seal(contents, BLOCK_TYPE_DATA)
+    h = BlockHandle(100, len(contents))
+    assert unseal(raw, h, BLOCK_TYPE_DATA, "t.sst") == contents
+    with pytest.raises(CorruptionError, match="type"):
+        unseal(raw, h, BLOCK_TYPE_INDEX, "t.sst")
+    with pytest.raises(CorruptionError, match="truncated") as info:
+        unseal(raw[:-1], h, BLOCK_TYPE_DATA, "t.sst")
+    assert info.value.path == "t.sst" and info.value.offset == 100
+    for i in range(len(raw)):
+        bad = bytearray(raw)
+        bad[i] ^= 0x40
+        with pytest.raises(CorruptionError):
+            unseal(bytes(bad), h, BLOCK_TYPE_DATA, "t.sst")
