@@ -278,7 +278,7 @@ class Manifest:
             old_writer.close()
             try:
                 self._fs.remove(filenames.manifest_file_name(self.dirname, old_number))
-            except Exception:
+            except StorageIOError:
                 pass  # harmless: obsolete_files() lists it
 
 
