@@ -23,6 +23,7 @@ _unpack_op = BATCH_OP_HEADER.unpack_from
 _HEADER_SIZE = BATCH_HEADER.size
 _OP_SIZE = BATCH_OP_HEADER.size
 _ONE = struct.Struct("<QIBII")  # header + one op header, for the common case
+_unpack_one = _ONE.unpack_from
 _MAX_LEN = 0xFFFFFFFF
 
 Op = tuple[int, bytes, bytes]
@@ -74,6 +75,11 @@ def decode_batch(payload: bytes, *, path: str | None = None, offset: int | None 
     size = len(payload)
     if size < _HEADER_SIZE:
         raise CorruptionError(f"batch of {size} bytes is shorter than its header", path=path, offset=offset)
+    if size >= _ONE.size:  # fast path: the common one-operation batch
+        first_seq, count, kind, klen, vlen = _unpack_one(payload, 0)
+        if count == 1 and size == _ONE.size + klen + vlen and kind <= KIND_VALUE and first_seq <= MAX_SEQUENCE:
+            kend = _ONE.size + klen
+            return first_seq, [(kind, payload[_ONE.size:kend], payload[kend:])]
     first_seq, count = _unpack_header(payload, 0)
     if first_seq + count - 1 > MAX_SEQUENCE and count:
         raise CorruptionError(f"batch sequence {first_seq}+{count} out of range", path=path, offset=offset)

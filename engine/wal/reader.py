@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptionError
 from ..format import LOG_HEADER, LOG_HEADER_SIZE, LOG_RECORD_FULL
-from .record import record_crc
+from .record import _extend, _pack_prefix, _value, record_crc
 
 _unpack_header = LOG_HEADER.unpack_from
 _MASK_DELTA = 0xA282EAD8
@@ -104,7 +104,15 @@ def parse_log(data: bytes, path: str = "<memory>") -> LogReadResult:
     offsets = result.offsets
     pos = 0
     while pos < size:
-        end = _record_end(data, pos, size)
+        # Inlined _record_end, slicing the payload once.
+        end = -1
+        if size - pos >= LOG_HEADER_SIZE:
+            masked, n, rtype = _unpack_header(data, pos)
+            start = pos + LOG_HEADER_SIZE
+            if start + n <= size and rtype:
+                payload = data[start : start + n]
+                if _extend(_value(_pack_prefix(pos, n, rtype)), payload) == _unmask(masked):
+                    end = start + n
         if end < 0:
             later = _find_valid_record(data, pos + 1, size)
             if later >= 0:
@@ -114,10 +122,9 @@ def parse_log(data: bytes, path: str = "<memory>") -> LogReadResult:
                     offset=pos,
                 )
             break  # torn tail: nothing valid after pos
-        rtype = data[pos + LOG_HEADER_SIZE - 1]
         if rtype != LOG_RECORD_FULL:
             raise CorruptionError(f"unknown log record type {rtype}", path=path, offset=pos)
-        records.append(data[pos + LOG_HEADER_SIZE : end])
+        records.append(payload)
         offsets.append(pos)
         pos = end
     result.end_offset = pos

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..errors import InvalidArgumentError, StorageIOError
 from ..format import LOG_HEADER, LOG_MAX_PAYLOAD, LOG_RECORD_FULL
 from ..vfs import WritableFile
-from .record import record_crc
+from .record import _extend, _pack_prefix, _value
 
 _pack_header = LOG_HEADER.pack
 _MASK_DELTA = 0xA282EAD8
@@ -64,7 +64,7 @@ class LogWriter:
             raise InvalidArgumentError(f"log record of {n} bytes is over the {LOG_MAX_PAYLOAD} limit")
         if type(payload) is not bytes:
             payload = bytes(payload)
-        crc = record_crc(self._file.size, LOG_RECORD_FULL, payload)
+        crc = _extend(_value(_pack_prefix(self._file.size, n, LOG_RECORD_FULL)), payload)  # record_crc
         masked = ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
         try:
             self._file.append(_pack_header(masked, n, LOG_RECORD_FULL) + payload)
