@@ -20,6 +20,19 @@ Contract for the DB:
   the disk is unknown, so every later ``log_and_apply`` raises StorageIOError and the DB must
   stop changing files (delete neither the edit's inputs nor its outputs) until it is reopened;
   recovery and :func:`obsolete_files` then settle which files are live.
+
+Opening a DB, in order::
+
+    m = Manifest.recover(fs, d) if fs.exists(filenames.current_file_name(d)) else Manifest.create(fs, d)
+    for number, path in m.logs_to_replay():            # number order; marks the numbers used
+        log = read_log(fs, path)                       # torn tail dropped, else CorruptionError
+        for payload, offset in zip(log.records, log.offsets):
+            first_seq, ops = decode_batch(payload, path=path, offset=offset)
+    new_log = m.new_file_number()                      # never append to a replayed log
+    ...open log_file_name(d, new_log), fs.sync_dir(d), flush the replayed memtable to a table...
+    m.log_and_apply(VersionEdit(log_number=new_log, last_sequence=seq, new_files=[(0, meta)]))
+    for path in obsolete_files(fs, d, m):
+        fs.remove(path)
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ import threading
 from . import filenames
 from .errors import ClosedError, CorruptionError, InvalidArgumentError, StorageIOError
 from .filenames import FileKind
-from .format import COMPARATOR_NAME, DEFAULT_MAX_MANIFEST_BYTES
+from .format import COMPARATOR_NAME, DEFAULT_MAX_MANIFEST_BYTES, NUM_LEVELS
 from .version import Version
 from .version_edit import VersionEdit
 from .wal import LogWriter, read_log
@@ -166,6 +179,13 @@ class Manifest:
                 version = self.current.apply(edit)
             except CorruptionError as exc:
                 raise InvalidArgumentError(f"edit does not apply to the current version: {exc.message}") from exc
+            for level, key in edit.compact_pointers:
+                if not 0 <= level < NUM_LEVELS:
+                    raise InvalidArgumentError(f"compact pointer level {level} is not in 0..{NUM_LEVELS - 1}")
+            try:
+                payload = edit.encode()
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgumentError(f"edit cannot be encoded: {exc}") from exc
             pointers = dict(self.compact_pointers)
             pointers.update(edit.compact_pointers)
             try:
@@ -174,7 +194,7 @@ class Manifest:
                     self.last_sequence = edit.last_sequence
                     self._switch_to_new_manifest(version, pointers)
                 else:
-                    self._writer.add_record(edit.encode())
+                    self._writer.add_record(payload)
                     self._writer.sync()
             except BaseException as exc:
                 self._failed = exc

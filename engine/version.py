@@ -91,8 +91,10 @@ class Version:
                     raise CorruptionError(f"file {f.number}: smallest key > largest key")
                 if f.smallest_seq > f.largest_seq:
                     raise CorruptionError(f"file {f.number}: smallest_seq > largest_seq")
-                if f.size < 0 or f.number < 0:
-                    raise CorruptionError(f"file {f.number}: negative size or number")
+                if min(f.number, f.size, f.num_entries, f.num_deletions, f.smallest_seq, f.filter_bytes) < 0:
+                    raise CorruptionError(f"file {f.number}: a negative count, size or number")
+                if type(f.smallest) is not bytes or type(f.largest) is not bytes:
+                    raise CorruptionError(f"file {f.number}: keys must be bytes")
             for a, b in zip(files, files[1:]):
                 if level == 0:
                     if a.number <= b.number:

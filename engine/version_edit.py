@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import CorruptionError
+from .errors import CorruptionError, InvalidArgumentError
 from .format import (
     EDIT_FLOAT,
     EDIT_TAG_COMPACT_POINTER,
@@ -70,7 +70,10 @@ class VersionEdit:
 
     # -- encoding ------------------------------------------------------------------------
     def encode(self) -> bytes:
-        """The record payload. O(size of the edit). Raises ValueError for a negative number."""
+        """The record payload. O(size of the edit).
+
+        Raises InvalidArgumentError for a number outside 0..2^64-1, TypeError for a key or
+        comparator of the wrong type."""
         out = bytearray()
         if self.comparator is not None:
             _put_varint(out, EDIT_TAG_COMPARATOR)
@@ -151,7 +154,7 @@ class VersionEdit:
 
 def _put_varint(out: bytearray, value: int) -> None:
     if value < 0 or value > _U64:
-        raise ValueError(f"{value} does not fit an unsigned 64-bit varint")
+        raise InvalidArgumentError(f"{value} does not fit an unsigned 64-bit varint")
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7

@@ -194,3 +194,24 @@ def test_obsolete_files_and_logs_to_replay(fs, tmp_path):
     )
     assert m.logs_to_replay() == [(log_new, fn.log_file_name(d, log_new)), (1000, fn.log_file_name(d, 1000))]
     assert m.new_file_number() == 1001
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        VersionEdit(compact_pointers=[(7, b"k")]),
+        VersionEdit(new_files=[(0, FileMeta(2, 1, b"a", b"b", smallest_seq=-1, largest_seq=0))]),
+        VersionEdit(new_files=[(0, FileMeta(2, 1, "a", "b"))]),
+        VersionEdit(new_files=[(0, FileMeta(2, 1, b"a", b"b", filter_bytes=1 << 64))]),
+    ],
+)
+def test_unencodable_edits_are_refused_and_the_manifest_stays_usable(fs, tmp_path, edit):
+    m = Manifest.create(fs, str(tmp_path))
+    assert m.new_file_number() == 2
+    size = m.manifest_size
+    with pytest.raises(InvalidArgumentError):
+        m.log_and_apply(edit)
+    assert m.manifest_size == size
+    add(m, 0, b"a", b"b")
+    m.close()
+    assert Manifest.recover(fs, str(tmp_path)).current.num_files(0) == 1
