@@ -168,3 +168,21 @@ def test_truncated_file_on_disk(tmp_path):
     os.truncate(path, os.path.getsize(path) - 5)
     res = read_log(fs, path)
     assert res.records == [b"r1", b"r2"] and res.torn_tail
+
+
+def test_damage_far_from_the_next_record_is_still_found():
+    # The scan works in 64 KiB windows; the next valid record here starts ~200 KiB later.
+    payloads = [b"head", bytes([1]) * 200_000, b"after"]
+    data, offsets = image(payloads)
+    bad = bytearray(data)
+    bad[offsets[1] + 100] ^= 0xFF
+    with pytest.raises(CorruptionError) as ei:
+        parse_log(bytes(bad))
+    assert ei.value.offset == offsets[1]
+
+
+def test_tail_of_type_bytes_is_a_torn_tail():
+    payloads = [b"head", b"\x01" * 300_000]
+    data, offsets = image(payloads)
+    res = parse_log(data[:-1])
+    assert res.records == [b"head"] and res.end_offset == offsets[1]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import CorruptionError
 from ..format import LOG_HEADER, LOG_HEADER_SIZE, LOG_RECORD_FULL
 from .record import _extend, _pack_prefix, _value, record_crc
@@ -27,7 +29,7 @@ from .record import _extend, _pack_prefix, _value, record_crc
 _unpack_header = LOG_HEADER.unpack_from
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
-_TYPE_BYTE = bytes([LOG_RECORD_FULL])
+_SCAN_CHUNK = 1 << 16
 
 
 def _unmask(masked: int) -> int:
@@ -81,16 +83,28 @@ def _record_end(data: bytes, pos: int, size: int) -> int:
 def _find_valid_record(data: bytes, start: int, size: int) -> int:
     """Offset of the first valid FULL record starting at or after ``start``, or -1.
 
-    Only offsets whose type byte is LOG_RECORD_FULL are candidates, so zero fill is skipped at
-    C speed. Worst case O(n * record size); in practice a torn tail is short.
+    Runs only on a damaged log. numpy picks, 64 KiB of offsets at a time, the candidates whose
+    type byte is FULL and whose length fits in the file; only those are checksummed, so a long
+    zero-filled or garbage tail costs O(n) at C speed.
     """
-    find = data.find
-    i = find(_TYPE_BYTE, start + LOG_HEADER_SIZE - 1)
-    while i >= 0:
-        pos = i - (LOG_HEADER_SIZE - 1)
-        if _record_end(data, pos, size) >= 0:
-            return pos
-        i = find(_TYPE_BYTE, i + 1)
+    arr = np.frombuffer(data, dtype=np.uint8)
+    last = size - LOG_HEADER_SIZE  # the last offset where a header fits
+    lo = start
+    while lo <= last:
+        hi = min(lo + _SCAN_CHUNK, last + 1)
+        ys = np.flatnonzero(arr[lo + LOG_HEADER_SIZE - 1 : hi + LOG_HEADER_SIZE - 1] == LOG_RECORD_FULL)
+        if ys.size:
+            ys = ys + lo
+            n = (
+                arr[ys + 4].astype(np.int64)
+                | arr[ys + 5].astype(np.int64) << 8
+                | arr[ys + 6].astype(np.int64) << 16
+                | arr[ys + 7].astype(np.int64) << 24
+            )
+            for pos in ys[ys + LOG_HEADER_SIZE + n <= size].tolist():
+                if _record_end(data, pos, size) >= 0:
+                    return pos
+        lo = hi
     return -1
 
 
