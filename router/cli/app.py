@@ -1,0 +1,185 @@
+"""The ``sievekv`` command line: argument parsing, dispatch and error reporting.
+
+Every command is a function ``cmd_x(args) -> int`` that returns an exit code or raises
+:class:`~router.cli.exit_codes.CliError`. :func:`main` turns a CliError, a bad argument or an
+unexpected exception into one line ``sievekv: error: ...`` on stderr and the documented exit
+code (router/cli/exit_codes.py, docs/cli.md); set ``SIEVEKV_DEBUG=1`` to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import exit_codes
+from .codec import ENCODINGS
+from .exit_codes import USAGE, CliError
+
+DESCRIPTION = """\
+sievekv: run and use a local sharded sievekv cluster.
+
+The cluster is found through --config / $SIEVEKV_CONFIG (its data_dir), --data-dir /
+$SIEVEKV_DATA_DIR, or ./sievekv-data; data commands use --router / $SIEVEKV_ROUTER or the
+router address recorded by `cluster start`."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2 (USAGE)."""
+
+    def error(self, message):
+        raise CliError(f"{message} (see `{self.prog} --help`)", USAGE)
+
+
+def _common(p: argparse.ArgumentParser, *, router: bool = False) -> None:
+    """Options every command accepts, before or after the command name."""
+    g = p.add_argument_group("cluster selection")
+    g.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                   help="cluster config (TOML); default: $SIEVEKV_CONFIG or the embedded one")
+    g.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                   help="cluster data directory (overrides the config's data_dir)")
+    if router:
+        g.add_argument("--router", default=argparse.SUPPRESS, metavar="HOST:PORT",
+                       help="router address; default: $SIEVEKV_ROUTER or the state file")
+        g.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
+                       help="deadline of each call (default: 30)")
+
+
+def _encoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoding", "-e", choices=ENCODINGS, default="text",
+                   help="how keys and values are written: text (default), hex or base64")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import data_cmds, lifecycle, report_cmds, status
+
+    root = _Parser(prog="sievekv", description=DESCRIPTION, epilog=exit_codes.epilog(),
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(root, router=True)
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(parent, name, func, help_, router=False, **kw):
+        p = parent.add_parser(name, help=help_, description=help_, epilog=exit_codes.epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+        _common(p, router=router)
+        p.set_defaults(func=func)
+        return p
+
+    # -- cluster -------------------------------------------------------------------------
+    cl = sub.add_parser("cluster", help="start, stop, inspect a local cluster",
+                        description="Run a local cluster: a supervisor process owns the shard "
+                                    "and router processes and restarts a shard that dies.")
+    csub = cl.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
+    cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status or restart"))
+    p = command(csub, "start", lifecycle.cmd_start,
+                "start the shards and the router in the background; print the router address")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(csub, "stop", lifecycle.cmd_stop,
+                "stop every process of the cluster (SIGTERM, then SIGKILL after the timeout)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="seconds before SIGKILL (default: the config's stop_timeout)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(csub, "status", status.cmd_status,
+                "a table of the cluster's processes: health, uptime, keys, disk, filters")
+    p.add_argument("--json", action="store_true", help="JSON with raw numbers")
+    p = command(csub, "restart", lifecycle.cmd_restart,
+                "restart one shard (--shard N) or stop and start the whole cluster")
+    p.add_argument("--shard", type=int, metavar="N", help="restart only shard N")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+
+    # -- data ----------------------------------------------------------------------------
+    p = command(sub, "put", data_cmds.cmd_put, "store VALUE under KEY", router=True)
+    p.add_argument("key")
+    p.add_argument("value")
+    _encoding(p)
+    p.add_argument("--sync", action="store_true", help="fsync the shard's log before replying")
+    p = command(sub, "get", data_cmds.cmd_get,
+                "print the value of KEY (exit 5 if absent)", router=True)
+    p.add_argument("key")
+    _encoding(p)
+    p = command(sub, "delete", data_cmds.cmd_delete, "delete KEY (absent is fine)", router=True)
+    p.add_argument("key")
+    _encoding(p)
+    p.add_argument("--sync", action="store_true", help="fsync the shard's log before replying")
+    p = command(sub, "scan", data_cmds.cmd_scan,
+                "print the entries with START <= key < END in key order", router=True)
+    p.add_argument("--start", help="first key (inclusive); default: the first key")
+    p.add_argument("--end", help="end key (exclusive); default: past the last key")
+    p.add_argument("--limit", type=int, default=0, help="at most this many entries (0: all)")
+    p.add_argument("--format", "-f", choices=("tsv", "jsonl"), default="tsv",
+                   help="KEY<TAB>VALUE lines (default) or JSON lines; both are `load` input")
+    _encoding(p)
+    p = command(sub, "load", data_cmds.cmd_load,
+                "bulk load KEY/VALUE records from a file or stdin (TSV or JSON lines)",
+                router=True)
+    p.add_argument("file", nargs="?", default="-", help="input file; - or absent: stdin")
+    p.add_argument("--format", "-f", choices=("auto", "tsv", "jsonl"), default="auto",
+                   help="input format; auto: by file extension, else by the first line")
+    _encoding(p)
+    p.add_argument("--batch", type=int, default=1000, metavar="N",
+                   help="records per write batch (default 1000; batches also stop at 1 MiB)")
+    p.add_argument("--sync", action="store_true", help="fsync each batch on the shards")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+
+    # -- reports -------------------------------------------------------------------------
+    p = command(sub, "filters", report_cmds.cmd_filters,
+                "filter memory per shard and level: on disk, mapped, resident, FPR", router=True)
+    p.add_argument("--tables", action="store_true", help="also one row per table")
+    p.add_argument("--json", action="store_true", help="JSON with raw numbers")
+    p = command(sub, "stats", report_cmds.cmd_stats,
+                "engine and service statistics per shard", router=True)
+    p.add_argument("--json", action="store_true", help="JSON with raw numbers")
+    command(sub, "flush", report_cmds.cmd_flush, "flush every shard's memtable", router=True)
+    command(sub, "compact", report_cmds.cmd_compact, "compact every shard fully", router=True)
+
+    # -- config --------------------------------------------------------------------------
+    cf = sub.add_parser("config", help="print or check a cluster config")
+    fsub = cf.add_subparsers(dest="config_command", metavar="ACTION", parser_class=_Parser)
+    cf.set_defaults(func=lambda a: cf.error("missing ACTION: default or check"))
+    command(fsub, "default", report_cmds.cmd_config_default,
+            "print the embedded default config (every option, documented)")
+    p = command(fsub, "check", report_cmds.cmd_config_check,
+                "validate a config and print it resolved, as JSON")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``sievekv`` console script. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not hasattr(args, "func"):
+            parser.print_help(sys.stderr)
+            return USAGE
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except CliError as exc:
+        _error(str(exc))
+        return exc.code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # `sievekv scan | head`: the reader left; that is not an error.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return exit_codes.OK
+    except Exception as exc:  # a bug: still one line, traceback on request
+        if os.environ.get("SIEVEKV_DEBUG"):
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc} (SIEVEKV_DEBUG=1 shows the "
+               f"traceback)")
+        return exit_codes.ERROR
+
+
+def _error(message: str) -> None:
+    line = " ".join(str(message).split("\n"))
+    try:
+        print(f"sievekv: error: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

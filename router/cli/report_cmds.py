@@ -1,0 +1,157 @@
+"""``sievekv stats | flush | compact | config``: cluster-wide admin calls through the router,
+and the config helpers. (``filters`` has its own module: router/cli/filters.py.)
+
+A fan-out call that some shards failed exits 4 (PARTIAL) after printing what the others said.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import grpc
+
+from ..config import ConfigError, default_config_text, load
+from ..humanize import format_bytes, format_count
+from . import rpc, target
+from .exit_codes import OK, PARTIAL, USAGE, CliError, from_rpc_error
+from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
+from .table import render
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def timeout(args) -> float:
+    return getattr(args, "timeout", None) or DEFAULT_TIMEOUT
+
+
+def _report(args, method: str) -> dict:
+    addr = target.router_address(args)
+    try:
+        return rpc.report_json(addr, method, timeout(args))
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, f"{method} via router {addr}") from None
+
+
+def _failed_shards(doc: dict) -> dict:
+    return {name: s.get("error") or f"code {s.get('code')}"
+            for name, s in doc.get("sections", {}).items() if not s.get("ok")}
+
+
+def _finish_partial(doc: dict, what: str) -> int:
+    failed = _failed_shards(doc)
+    if not failed:
+        return OK
+    for name, err in sorted(failed.items()):
+        print(f"sievekv: error: {what} failed on {name}: {err}", file=sys.stderr)
+    return PARTIAL
+
+
+# ---------------------------------------------------------------------------------------------
+# stats
+# ---------------------------------------------------------------------------------------------
+
+STATS_COLUMNS = [("keys", "KEYS", format_count), ("disk_bytes", "DISK", format_bytes),
+                 ("memtable_bytes", "MEMTABLE", format_bytes),
+                 ("tables", "TABLES", format_count),
+                 ("block_cache_bytes", "BLOCK CACHE", format_bytes),
+                 ("filter_resident_bytes", "FILTERS RES", format_bytes)]
+
+
+def cmd_stats(args) -> int:
+    doc = _report(args, "Stats")
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return _finish_partial(doc, "Stats")
+    shards = doc.get("shards", {})
+    rows = []
+    for name in sorted(set(shards) | set(doc.get("sections", {}))):
+        s = shards.get(name)
+        if s is None:
+            rows.append([name] + ["-"] * len(STATS_COLUMNS))
+            continue
+        rows.append([name] + [fmt(s.get(key)) for key, _, fmt in STATS_COLUMNS])
+    totals = doc.get("totals", {})
+    rows.append(["total"] + [fmt(_int(totals.get(key))) for key, _, fmt in STATS_COLUMNS])
+    print(render(["SHARD"] + [h for _, h, _ in STATS_COLUMNS], rows))
+    for name, s in sorted(shards.items()):
+        extra = {k: v for k, v in s.items() if k not in {c for c, _, _ in STATS_COLUMNS}}
+        if extra:
+            print(f"\n{name}:")
+            for k, v in sorted(extra.items()):
+                print(f"  {k}: {json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v}")
+    return _finish_partial(doc, "Stats")
+
+
+def _int(x):
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+# ---------------------------------------------------------------------------------------------
+# flush, compact
+# ---------------------------------------------------------------------------------------------
+
+def _everywhere(args, method: str, done: str) -> int:
+    addr = target.router_address(args)
+    try:
+        resp, _ = rpc.admin_call(addr, method, timeout(args))
+        sections = resp.shards
+    except grpc.RpcError as exc:
+        sections = _sections_from_trailer(exc)
+        if sections is None:
+            raise from_rpc_error(exc, f"{method} via router {addr}") from None
+    failed = 0
+    for s in sections:
+        if s.ok:
+            print(f"{s.shard:<10} {done}")
+        else:
+            failed += 1
+            code = _code(s.code)
+            print(f"{s.shard:<10} FAILED: {code.name if code else s.code}: {s.error}")
+    if failed:
+        raise CliError(f"{method} failed on {failed} of {len(sections)} shards", PARTIAL)
+    return OK
+
+
+def _code(n: int):
+    for c in grpc.StatusCode:
+        if c.value[0] == n:
+            return c
+    return None
+
+
+def _sections_from_trailer(exc: grpc.RpcError):
+    """The per-shard AdminResponse a failed fan-out attaches as ``sievekv-admin-result-bin``."""
+    from sievekv_proto import sievekv_pb2 as pb
+
+    md = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in md or ():
+        if key == "sievekv-admin-result-bin":
+            return pb.AdminResponse.FromString(value).shards
+    return None
+
+
+def cmd_flush(args) -> int:
+    return _everywhere(args, "Flush", "flushed")
+
+
+def cmd_compact(args) -> int:
+    return _everywhere(args, "Compact", "compacted")
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+
+def cmd_config_default(args) -> int:
+    sys.stdout.write(default_config_text())
+    return OK
+
+
+def cmd_config_check(args) -> int:
+    try:
+        cfg = load(target.config_path(args), data_dir=getattr(args, "data_dir", None))
+    except ConfigError as exc:
+        raise CliError(str(exc), USAGE) from None
+    print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    return OK

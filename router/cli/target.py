@@ -1,0 +1,58 @@
+"""Which cluster a command talks to.
+
+* The data directory: ``--data-dir``, else ``$SIEVEKV_DATA_DIR``, else the ``data_dir`` of
+  ``--config`` / ``$SIEVEKV_CONFIG``, else the embedded default's (``./sievekv-data``).
+* The router address: ``--router``, else ``$SIEVEKV_ROUTER``, else the state file in that data
+  directory (written by the supervisor of a running cluster).
+
+Raises CliError (USAGE for a bad config, UNREACHABLE when there is no running cluster).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import cluster_state as cs
+from ..config import ClusterConfig, ConfigError, load
+from .exit_codes import UNREACHABLE, USAGE, CliError
+
+
+def config_path(args) -> str | None:
+    return getattr(args, "config", None) or os.environ.get("SIEVEKV_CONFIG") or None
+
+
+def load_config(args) -> ClusterConfig:
+    """The config named by the arguments/environment (embedded default if none)."""
+    data_dir = getattr(args, "data_dir", None) or os.environ.get("SIEVEKV_DATA_DIR") or None
+    try:
+        return load(config_path(args), data_dir=data_dir)
+    except ConfigError as exc:
+        raise CliError(str(exc), USAGE) from None
+
+
+def data_dir(args) -> str:
+    explicit = getattr(args, "data_dir", None) or os.environ.get("SIEVEKV_DATA_DIR")
+    if explicit:
+        return os.path.abspath(explicit)
+    return load_config(args).data_dir
+
+
+def read_state(args) -> dict:
+    try:
+        return cs.read_state(data_dir(args))
+    except cs.StateError as exc:
+        raise CliError(str(exc), UNREACHABLE) from None
+
+
+def router_address(args) -> str:
+    explicit = getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER")
+    if explicit:
+        return explicit
+    doc = read_state(args)
+    if doc.get("state") in ("stopped", "failed"):
+        raise CliError(f"the cluster in {doc.get('data_dir')} is {doc['state']} "
+                       f"(start it with `sievekv cluster start`)", UNREACHABLE)
+    addr = doc.get("router_address")
+    if not addr:
+        raise CliError("the cluster state names no router address", UNREACHABLE)
+    return addr

@@ -1,0 +1,175 @@
+"""The CLI's pure parts: encodings, the record formats of load/scan, tables, argument and
+usage errors (one line, exit 2), and commands that need no cluster."""
+
+import io
+import json
+import tomllib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.cli import app, codec, records, table
+from router.cli.exit_codes import NOT_FOUND, UNREACHABLE, USAGE
+from router.config import default_config_text
+
+
+# -- codec ----------------------------------------------------------------------------------
+
+@given(st.binary(), st.sampled_from(["hex", "base64"]))
+def test_binary_encodings_round_trip(b, enc):
+    assert codec.decode(codec.encode(b, enc), enc) == b
+
+
+@given(st.text())
+def test_text_round_trips_utf8(s):
+    b = s.encode("utf-8", "surrogatepass")
+    try:
+        s2 = codec.encode(b, "text")
+    except ValueError:
+        return  # lone surrogates are not UTF-8 text: refused, not mangled
+    assert codec.decode(s2, "text") == b
+
+
+@pytest.mark.parametrize("s, enc, msg", [
+    ("xyz", "hex", "not valid hex"), ("abc", "hex", "not valid hex"),
+    ("a2V5!", "base64", "not valid base64"), ("a2V", "base64", "not valid base64"),
+])
+def test_bad_encoded_input_is_a_value_error(s, enc, msg):
+    with pytest.raises(ValueError, match=msg):
+        codec.decode(s, enc)
+
+
+def test_non_utf8_is_never_silently_replaced():
+    with pytest.raises(ValueError, match="use --encoding hex or base64"):
+        codec.encode(b"\xff\xfe", "text")
+
+
+# -- records -----------------------------------------------------------------------------------
+
+def _load(data: bytes, fmt: str, enc: str):
+    return list(records.iter_records(io.BytesIO(data), fmt, enc))
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1), st.binary()), max_size=20),
+       st.sampled_from(["tsv", "jsonl"]), st.sampled_from(["hex", "base64"]))
+def test_scan_output_loads_back_for_any_bytes(pairs, fmt, enc):
+    data = b"".join(records.format_record(k, v, fmt, enc) for k, v in pairs)
+    assert [(k, v) for _, k, v in _load(data, fmt, enc)] == pairs
+
+
+_safe = st.text(st.characters(blacklist_characters="\t\n\r", blacklist_categories=("Cs",)),
+                min_size=1).filter(lambda s: s.strip() != "")
+
+
+@given(st.lists(st.tuples(_safe, _safe), max_size=20), st.sampled_from(["tsv", "jsonl"]))
+def test_text_records_round_trip(pairs, fmt):
+    pairs = [(k.encode(), v.encode()) for k, v in pairs]
+    data = b"".join(records.format_record(k, v, fmt, "text") for k, v in pairs)
+    assert [(k, v) for _, k, v in _load(data, fmt, "text")] == pairs
+
+
+def test_tsv_details():
+    got = _load(b"a\tb\tc\r\n\n  \nk\t\n", "tsv", "text")
+    assert got == [(1, b"a", b"b\tc"), (4, b"k", b"")]  # split at the first tab; CRLF; blanks
+    with pytest.raises(ValueError, match=r"^line 2: expected KEY<TAB>VALUE"):
+        _load(b"a\tb\nno tab here\n", "tsv", "text")
+    with pytest.raises(ValueError, match=r"^line 1: empty key"):
+        _load(b"\tvalue\n", "tsv", "text")
+    with pytest.raises(ValueError, match="line 1: not valid hex"):
+        _load(b"zz\t00\n", "tsv", "hex")
+
+
+def test_jsonl_details():
+    got = _load(b'{"key": "k", "value": "v\\n\\t"}\n', "jsonl", "text")
+    assert got == [(1, b"k", b"v\n\t")]
+    for bad, msg in [(b'{"key": "k"}', "expected an object"), (b"[1]", "expected an object"),
+                     (b'{"key": 1, "value": "v"}', "key and value must be JSON strings"),
+                     (b"{nope", "invalid JSON")]:
+        with pytest.raises(ValueError, match=f"line 1: {msg}"):
+            _load(bad + b"\n", "jsonl", "text")
+
+
+def test_text_tsv_refuses_what_it_cannot_carry():
+    for k, v in [(b"a\tb", b"v"), (b"k", b"two\nlines"), (b"k", b"cr\r")]:
+        with pytest.raises(ValueError, match="use --encoding hex or base64"):
+            records.format_record(k, v, "tsv", "text")
+
+
+def test_format_guess():
+    assert records.guess_format("x.jsonl", b"") == "jsonl"
+    assert records.guess_format("x.tsv", b"{") == "tsv"
+    assert records.guess_format(None, b'  {"key"') == "jsonl"
+    assert records.guess_format(None, b"k\tv") == "tsv"
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+def test_table_aligns_numbers_right_and_text_left():
+    out = table.render(["name", "n", "size"], [["a", 1, "1.0 KiB"], ["bbbb", 123, None]])
+    assert out.splitlines() == ["name    n     size", "a       1  1.0 KiB", "bbbb  123        -"]
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def _run(capsys, *argv):
+    code = app.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["frobnicate"], ["get"], ["scan", "--limit", "many"], ["put", "k", "v", "--encoding", "rot13"],
+    ["cluster", "restart", "--shard", "x"], ["cluster"], ["--bogus"],
+])
+def test_usage_errors_are_one_line_and_exit_2(capsys, argv):
+    code, out, err = _run(capsys, *argv)
+    assert code == USAGE
+    assert err.startswith("sievekv: error: ") and err.count("\n") == 1
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit) as ei:
+        app.main(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "exit codes:" in out and "5  not found" in out and "3  cluster unreachable" in out
+
+
+def test_config_default_prints_the_embedded_file(capsys):
+    code, out, _ = _run(capsys, "config", "default")
+    assert code == 0 and out == default_config_text()
+    tomllib.loads(out)
+
+
+def test_config_check(capsys, tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('[shards]\ncount = 2\n[cluster]\ndata_dir = "d"\n')
+    code, out, _ = _run(capsys, "config", "check", "--config", str(good))
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["data_dir"] == str(tmp_path / "d") and len(doc["shards"]) == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[shards]\ncount = -1\n")
+    code, out, err = _run(capsys, "config", "check", "--config", str(bad))
+    assert code == USAGE and out == ""
+    assert err == f"sievekv: error: config {bad}: [shards] count: must be in 1..16384, got -1\n"
+
+
+def test_commands_without_a_cluster_say_so_in_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("SIEVEKV_ROUTER", raising=False)
+    monkeypatch.delenv("SIEVEKV_CONFIG", raising=False)
+    for argv in (["get", "k"], ["cluster", "status"], ["cluster", "stop"], ["filters"]):
+        code, out, err = _run(capsys, *argv, "--data-dir", str(tmp_path))
+        assert code == UNREACHABLE, argv
+        assert err.startswith("sievekv: error: no cluster state at") and err.count("\n") == 1
+
+
+def test_unreachable_router_is_exit_3(capsys, monkeypatch):
+    import socket
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out, err = _run(capsys, "get", "k", "--router", f"127.0.0.1:{port}", "--timeout", "1")
+    assert code == UNREACHABLE and err.startswith("sievekv: error: get: ")
+    assert NOT_FOUND != UNREACHABLE
