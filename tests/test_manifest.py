@@ -215,3 +215,28 @@ def test_unencodable_edits_are_refused_and_the_manifest_stays_usable(fs, tmp_pat
     add(m, 0, b"a", b"b")
     m.close()
     assert Manifest.recover(fs, str(tmp_path)).current.num_files(0) == 1
+
+
+def test_every_flipped_byte_is_an_error_or_an_earlier_state(fs, tmp_path):
+    d = str(tmp_path)
+    m = Manifest.create(fs, d)
+    states = [state(m)]
+    for i in range(3):
+        add(m, 1, b"k%d" % i, b"k%d" % i)
+        states.append(state(m))
+    path = m.manifest_path
+    m.close()
+    data = open(path, "rb").read()
+    outcomes = set()
+    for pos in range(len(data)):
+        bad = bytearray(data)
+        bad[pos] ^= 0x20
+        open(path, "wb").write(bytes(bad))
+        try:
+            got = state(Manifest.recover(fs, d, read_only=True))
+        except CorruptionError:
+            outcomes.add("corruption")
+            continue
+        assert got == states[-2], pos  # only damage to the last record reads as a torn tail
+        outcomes.add("torn")
+    assert outcomes == {"corruption", "torn"}
