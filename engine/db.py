@@ -1,0 +1,572 @@
+"""``engine.DB``: the LSM key-value store of one directory.
+
+Public API (see the README and engine/options.py for every option)::
+
+    db = DB.open(path, **options)          # creates the directory if missing; locks it
+    db.put(key, value, sync=None); db.get(key) -> bytes | None; db.delete(key, sync=None)
+    db.write([(key, value_or_None), ...], sync=None)   # atomic; None deletes
+    db.multi_get(keys) -> list[bytes | None]
+    db.scan(start=None, end=None, limit=None)         # (key, value) in key order, end exclusive
+    db.flush(); db.compact(); db.stats(); db.filter_report(); db.close()
+
+Writes (engine/group_commit.py): a write is one log record, appended (and, with ``sync``,
+fsynced) before it is applied to the memtable and acknowledged; concurrent writers share one
+record and one fsync. Without sync a process crash loses nothing (the bytes are in the OS);
+a machine crash may lose the most recent unsynced writes. With sync an acknowledged write
+survives both.
+
+The memtable is frozen when full and flushed to an L0 table by the flush thread while writes
+go to a new memtable and a new log; the compaction thread keeps the levels within their
+targets (engine/compaction/). Writers are slowed (``slowdown_sleep_s`` per write) once L0 holds
+``l0_slowdown_trigger`` tables and wait once it holds ``l0_stop_trigger`` or when
+``max_frozen_memtables`` are waiting for a flush; the time is counted in stats().
+
+Reads take no lock: they read ``self._rs``, an immutable :class:`engine.read_state.ReadState`
+replaced whenever the memtable is frozen or a new version is installed.
+
+Errors: a write whose log append fails (e.g. ENOSPC) raises StorageIOError, is not
+acknowledged, and the next write starts a new log (the DB stays usable). A failed log fsync,
+a failed flush or compaction, or a failed manifest write put the DB in a *failed* state:
+writes raise StorageIOError naming the first error, reads keep working, and reopening the DB
+recovers everything acknowledged from the logs and tables.
+
+Locks (acquire in this order): ``_version_lock`` (computing and installing a version) then
+``_mu`` (memtables, sequence numbers, the writers queue, background state).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from . import filenames
+from .block_cache import BlockCache
+from .compaction import level_task, pick
+from .compaction import run as run_compaction
+from .errors import (ClosedError, InvalidArgumentError, SieveError, StorageIOError)
+from .filter_cap import FilterCap
+from .filter_plan import bits_for_new_table, is_last_level, table_options
+from .format import KIND_DELETE, KIND_VALUE
+from .group_commit import GroupCommit
+from .manifest import Manifest
+from .memtable import MemTable
+from .options import Options
+from .read_state import ReadState
+from .iterators import live_items, merge_newest
+from .recovery import recover
+from .table_set import TableSet
+from .table_writer import Cancelled, write_tables
+from .version_edit import VersionEdit
+from .vfs import default_fs
+from .wal import LogWriter, encode_batch
+from . import reports
+
+
+class DB:
+    """An open sievekv database. Thread safe. Create with :meth:`open`."""
+
+    # ------------------------------------------------------------------------------------
+    # opening and closing
+    # ------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str, **options) -> "DB":
+        """Open (creating if missing) the DB in ``path``. See engine/options.py for options.
+
+        Raises LockedError if another DB holds the directory, InvalidArgumentError for a bad
+        option, CorruptionError if the manifest or a log is damaged before its tail.
+        """
+        opts = Options.from_kwargs(**options)
+        db = cls.__new__(cls)
+        db._init(str(path), opts)
+        return db
+
+    def _init(self, path: str, opts: Options) -> None:
+        self.path = path
+        self.options = opts
+        fs = self._fs = opts.fs if opts.fs is not None else default_fs()
+        self._max_key = opts.max_key_size
+        self._max_value = opts.max_value_size
+        self._mu = threading.Lock()
+        self._bg_cv = threading.Condition(self._mu)
+        self._version_lock = threading.Lock()
+        self._compaction_lock = threading.Lock()
+        self._gc = GroupCommit(self._mu)
+        self._rs: ReadState | None = None
+        self._closing = False
+        self._bg_error: BaseException | None = None
+        self._log_broken = False
+        self._pending_outputs: set[int] = set()
+        self.counters = reports.Counters()
+        self.gets = 0
+        self.block_cache = BlockCache(opts.block_cache_bytes) if opts.block_cache_bytes else None
+        self.filter_cap = FilterCap(opts.filter_memory_cap)
+        self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap)
+        state = recover(fs, path, opts)
+        self._lock_file = state.lock
+        self._manifest: Manifest = state.manifest
+        self._version = state.manifest.current
+        self._log: LogWriter = state.log
+        self._mem = MemTable(state.log_number)
+        self._frozen: list[MemTable] = []  # newest first
+        self._last_seq = state.last_sequence
+        self.counters.recovered_entries = state.replayed_entries
+        self.counters.recovered_tables = state.tables_written
+        self._publish()
+        self._threads = [threading.Thread(target=self._flush_loop, name=f"sievekv-flush {path}",
+                                          daemon=True),
+                         threading.Thread(target=self._compaction_loop,
+                                          name=f"sievekv-compact {path}", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Wait for background work in progress, sync the log, release files and the lock.
+
+        Idempotent. Later calls on this DB raise ClosedError (a scan still running may too).
+        """
+        with self._mu:
+            if self._closing:
+                return
+            self._closing = True
+            self._bg_cv.notify_all()
+        for t in self._threads:
+            t.join()
+        with self._compaction_lock:  # a manual compact() sees _closing and stops
+            pass
+        with self._mu:
+            # Writers queued now fail with ClosedError; wait for the one doing I/O.
+            while self._gc.pending():
+                self._mu.release()
+                time.sleep(0.001)
+                self._mu.acquire()
+            rs, self._rs = self._rs, None
+            log = self._log
+        del rs
+        try:
+            if not self._log_broken and self._bg_error is None:
+                log.sync()
+        except SieveError:
+            pass
+        finally:
+            log.close()
+            self._manifest.close()
+            self._tables.close()
+            self._lock_file.release()
+
+    def __enter__(self) -> "DB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------
+    # reads
+    # ------------------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or None if absent or deleted. Lock-free."""
+        rs = self._rs
+        if rs is None:
+            raise ClosedError("DB is closed")
+        if type(key) is not bytes or not key or len(key) > self._max_key:
+            key = self._check_key(key)
+        self.gets += 1
+        e = rs.mem.get(key)
+        if e is None:
+            e = rs.find_older(key)
+            if e is None:
+                return None
+        if e[1] == KIND_DELETE:
+            return None
+        return e[2]
+
+    def multi_get(self, keys) -> list:
+        """[get(k) for k in keys], all against one read state."""
+        rs = self._rs
+        if rs is None:
+            raise ClosedError("DB is closed")
+        out = []
+        append = out.append
+        mem_get = rs.mem.get
+        older = rs.find_older
+        check = self._check_key
+        maxk = self._max_key
+        for key in keys:
+            if type(key) is not bytes or not key or len(key) > maxk:
+                key = check(key)
+            e = mem_get(key)
+            if e is None:
+                e = older(key)
+            append(None if e is None or e[1] == KIND_DELETE else e[2])
+        self.gets += len(out)
+        return out
+
+    def scan(self, start: bytes | None = None, end: bytes | None = None,
+             limit: int | None = None):
+        """Iterator of (key, value) with start <= key < end, in key order, at most ``limit``.
+
+        Reads a consistent list of sources taken now (tables stay open while the iterator
+        lives); the memtable is read lazily in chunks, so a write made while scanning may or
+        may not be seen, but every key appears once with a value it held during the scan.
+        """
+        rs = self._rs
+        if rs is None:
+            raise ClosedError("DB is closed")
+        if start is not None:
+            start = self._check_key(start, allow_empty=True)
+        if end is not None:
+            end = self._check_key(end, allow_empty=True)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgumentError(f"scan limit must be None or an int >= 0, got {limit!r}")
+        if start is not None and end is not None and start >= end:
+            return iter(())
+        return self._scan(rs, start or None, end, limit)
+
+    def _scan(self, rs, start, end, limit):
+        entries = merge_newest(rs.sources(start, end))
+        for item in live_items(entries, end, limit):
+            if self._rs is None:
+                raise ClosedError("DB was closed during the scan")
+            yield item
+
+    # ------------------------------------------------------------------------------------
+    # writes
+    # ------------------------------------------------------------------------------------
+    def put(self, key: bytes, value: bytes, sync: bool | None = None) -> None:
+        """Set ``key`` to ``value``. Returns once logged (and fsynced if sync)."""
+        if type(key) is not bytes or not key or len(key) > self._max_key:
+            key = self._check_key(key)
+        if type(value) is not bytes or len(value) > self._max_value:
+            value = self._check_value(value)
+        self._write([(KIND_VALUE, key, value)], len(key) + len(value), sync)
+
+    def delete(self, key: bytes, sync: bool | None = None) -> None:
+        """Delete ``key`` (a tombstone; deleting an absent key is not an error)."""
+        if type(key) is not bytes or not key or len(key) > self._max_key:
+            key = self._check_key(key)
+        self._write([(KIND_DELETE, key, b"")], len(key), sync)
+
+    def write(self, batch, sync: bool | None = None) -> None:
+        """Apply ``batch`` = iterable of (key, value) atomically; value None deletes the key.
+
+        All or nothing, also across a crash (one log record). Later pairs win over earlier
+        pairs for the same key.
+        """
+        ops = []
+        nbytes = 0
+        for pair in batch:
+            try:
+                key, value = pair
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"batch items must be (key, value) pairs, got {pair!r}") from None
+            key = self._check_key(key)
+            if value is None:
+                ops.append((KIND_DELETE, key, b""))
+                nbytes += len(key)
+            else:
+                value = self._check_value(value)
+                ops.append((KIND_VALUE, key, value))
+                nbytes += len(key) + len(value)
+        if ops:
+            self._write(ops, nbytes, sync)
+        elif self._rs is None:
+            raise ClosedError("DB is closed")
+
+    def _write(self, ops: list, nbytes: int, sync) -> None:
+        if self._closing:
+            raise ClosedError("DB is closed")
+        self._gc.write(ops, self.options.sync if sync is None else bool(sync), nbytes, self._commit)
+
+    def _commit(self, group) -> None:
+        """Group-commit leader: log, sync, apply. REQUIRES: self._mu held (released for I/O)."""
+        self._make_room_for_write(force=False)
+        ops = group[0].ops if len(group) == 1 else [op for w in group for op in w.ops]
+        sync = group[0].sync
+        seq = self._last_seq + 1
+        log = self._log
+        mem = self._mem
+        failure = None
+        self._mu.release()
+        try:
+            payload = encode_batch(seq, ops)
+            try:
+                log.add_record(payload)
+            except SieveError as exc:
+                failure = ("append", exc)
+                raise
+            if sync:
+                try:
+                    log.sync()
+                except SieveError as exc:
+                    failure = ("sync", exc)
+                    raise
+            mem.add(seq, ops)
+        finally:
+            self._mu.acquire()
+            # Burn the numbers even on failure: the record may have reached the file.
+            self._last_seq = max(self._last_seq, seq + len(ops) - 1)
+            if failure is not None:
+                self.counters.log_errors += 1
+                if failure[0] == "append":
+                    self._log_broken = True  # the next write switches to a new log
+                elif self._bg_error is None:
+                    self._bg_error = failure[1]
+        self.counters.writes += len(group)
+        self.counters.write_batches += 1
+        if sync:
+            self.counters.synced_groups += 1
+
+    def _make_room_for_write(self, force: bool) -> None:
+        """Switch memtables when full (or forced); slow down or wait under pressure.
+
+        REQUIRES: self._mu held; may release it while sleeping or waiting.
+        """
+        opts = self.options
+        allow_delay = not force
+        stall_l0 = not opts.disable_auto_compactions
+        while True:
+            self._check_writable()
+            l0 = len(self._version.levels[0])
+            if allow_delay and stall_l0 and l0 >= opts.l0_slowdown_trigger:
+                t0 = time.perf_counter()
+                self._mu.release()
+                try:
+                    time.sleep(opts.slowdown_sleep_s)
+                finally:
+                    self._mu.acquire()
+                self.counters.slowdown_s += time.perf_counter() - t0
+                self.counters.slowdowns += 1
+                allow_delay = False
+            elif not force and not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes:
+                return
+            elif force and not self._log_broken and len(self._mem) == 0:
+                return
+            elif len(self._frozen) >= opts.max_frozen_memtables or (stall_l0 and l0 >= opts.l0_stop_trigger):
+                t0 = time.perf_counter()
+                self._bg_cv.wait(0.5)
+                self.counters.stop_s += time.perf_counter() - t0
+                self.counters.stops += 1
+            else:
+                self._switch_memtable()
+                force = False
+
+    def _check_writable(self) -> None:
+        if self._closing:
+            raise ClosedError("DB is closed")
+        if self._bg_error is not None:
+            err = self._bg_error
+            raise StorageIOError(f"DB refuses writes after an earlier failure ({err}); reopen it "
+                                 "to recover", path=self.path)
+
+    def _switch_memtable(self) -> None:
+        """Freeze the memtable, start a new one with a new log. REQUIRES: self._mu held."""
+        number = self._manifest.new_file_number()
+        path = filenames.log_file_name(self.path, number)
+        new_log = LogWriter(self._fs.open_writable(path))
+        try:
+            self._fs.sync_dir(self.path)  # synced writes in the new log need its name durable
+        except BaseException:
+            new_log.close()
+            self._fs.remove(path)
+            raise
+        old = self._log
+        if not self._log_broken:
+            try:
+                old.sync()  # keep recovery a prefix: no older log may end unsynced
+            except SieveError as exc:
+                if self._bg_error is None:
+                    self._bg_error = exc
+        old.close()
+        self._log_broken = False
+        self._mem.freeze()
+        self._frozen.insert(0, self._mem)
+        self._mem = MemTable(number)
+        self._log = new_log
+        self._publish()
+        self._bg_cv.notify_all()
+
+    def _publish(self) -> None:
+        """Build and publish a new read state. REQUIRES: self._mu held (or not yet shared)."""
+        self._rs = ReadState.build(self._mem, tuple(self._frozen), self._version, self._tables)
+
+    # ------------------------------------------------------------------------------------
+    # flush
+    # ------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Freeze the memtable (if not empty) and wait until every frozen one is in L0."""
+        with self._mu:
+            self._check_writable()
+        # Enter as a writer so the switch is ordered with concurrent writes.
+        self._gc.write([], False, 0, self._force_switch, solo=True)
+        with self._mu:
+            while self._frozen:
+                self._check_writable()
+                self._bg_cv.wait(0.5)
+
+    def _force_switch(self, group) -> None:
+        self._make_room_for_write(force=True)
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._mu:
+                while not self._closing and self._bg_error is None and not self._frozen:
+                    self._bg_cv.wait()
+                if self._closing or self._bg_error is not None:
+                    return
+                mem = self._frozen[-1]
+            try:
+                self._flush_memtable(mem)
+            except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
+                with self._mu:
+                    if not isinstance(exc, Cancelled) and self._bg_error is None:
+                        self._bg_error = exc
+                        self.counters.background_errors += 1
+                    self._bg_cv.notify_all()
+                return
+
+    def _flush_memtable(self, mem: MemTable) -> None:
+        t0 = time.perf_counter()
+        levels = self._version.levels
+        bits = bits_for_new_table(self.options, levels, 0, len(mem))
+        metas = write_tables(self._fs, self.path, [list(mem.items())],
+                             new_number=self._manifest.new_file_number,
+                             table_options=table_options(self.options, bits),
+                             on_number=self._reserve)
+        with self._version_lock:
+            with self._mu:
+                i = self._frozen.index(mem)
+                newer = self._frozen[i - 1] if i > 0 else self._mem
+                edit = VersionEdit(log_number=newer.log_number, last_sequence=self._last_seq)
+            for m in metas:
+                edit.add_file(0, m)
+            version = self._manifest.log_and_apply(edit)
+            with self._mu:
+                self._version = version
+                self._frozen.remove(mem)
+                self._publish()
+                self._bg_cv.notify_all()
+        self._unreserve(m.number for m in metas)
+        self._remove_file(filenames.log_file_name(self.path, mem.log_number))
+        self.counters.flushes += 1
+        self.counters.flush_bytes += sum(m.size for m in metas)
+        self.counters.flush_s += time.perf_counter() - t0
+
+    def _reserve(self, number: int) -> None:
+        with self._mu:
+            self._pending_outputs.add(number)
+
+    def _unreserve(self, numbers) -> None:
+        with self._mu:
+            self._pending_outputs.difference_update(numbers)
+
+    def _remove_file(self, path: str) -> None:
+        try:
+            self._fs.remove(path)
+        except SieveError:
+            pass  # an obsolete file left behind is removed at the next open
+
+    # ------------------------------------------------------------------------------------
+    # compaction
+    # ------------------------------------------------------------------------------------
+    def _compaction_loop(self) -> None:
+        opts = self.options
+        while True:
+            with self._mu:
+                while True:
+                    if self._closing or self._bg_error is not None:
+                        return
+                    if not opts.disable_auto_compactions:
+                        task = pick(self._version, opts)
+                        if task is not None:
+                            break
+                    self._bg_cv.wait()
+            try:
+                with self._compaction_lock:
+                    task = pick(self._version, opts)
+                    if task is not None:
+                        self._run_task(task)
+            except BaseException as exc:  # noqa: BLE001
+                with self._mu:
+                    if not isinstance(exc, Cancelled) and self._bg_error is None:
+                        self._bg_error = exc
+                        self.counters.background_errors += 1
+                    self._bg_cv.notify_all()
+                return
+
+    def _run_task(self, task) -> None:
+        """Run one compaction task and install its result. REQUIRES: _compaction_lock held."""
+        t0 = time.perf_counter()
+        version = self._version
+        levels = version.levels
+        removed = {f.number: f.num_entries for f in task.all_inputs}
+        new_entries = sum(removed.values())
+        last = task.bottommost and is_last_level(levels, task.output_level)
+        bits = bits_for_new_table(self.options, levels, task.output_level, new_entries,
+                                  removed, last_level=last)
+        result = run_compaction(
+            task, version=version, tables=self._tables, fs=self._fs, dirname=self.path,
+            options=self.options, table_options=table_options(self.options, bits),
+            new_number=self._manifest.new_file_number, on_number=self._reserve,
+            should_stop=lambda: self._closing)
+        with self._version_lock:
+            new_version = self._manifest.log_and_apply(result.edit)
+            with self._mu:
+                self._version = new_version
+                self._publish()
+                self._bg_cv.notify_all()
+        self._unreserve(f.number for f in result.outputs)
+        if not task.trivial_move:
+            for f in task.all_inputs:
+                self._remove_file(filenames.table_file_name(self.path, f.number))
+        self.counters.note_compaction(task, result, time.perf_counter() - t0)
+
+    def compact(self) -> None:
+        """Flush, then compact every level into the next down to the deepest level holding
+        data (tombstones are dropped there). Waits until done."""
+        self.flush()
+        with self._compaction_lock:
+            levels = self._version.levels
+            deepest = max([n for n in range(len(levels)) if levels[n]] or [0])
+            bottom = max(deepest, 1)
+            for level in range(bottom):
+                self._check_open_for_compaction()
+                task = level_task(self._version, level, reason="manual")
+                if task is not None:
+                    self._run_task(task)
+
+    def _check_open_for_compaction(self) -> None:
+        with self._mu:
+            self._check_writable()
+
+    # ------------------------------------------------------------------------------------
+    # reports and helpers
+    # ------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Levels, memtables, logs, compactions, stalls, cache and read counters (JSON-able)."""
+        return reports.stats(self)
+
+    def filter_report(self) -> dict:
+        """Per level and per table filter accounting, budget and cap sections (JSON-able)."""
+        return reports.filter_report(self)
+
+    def _check_key(self, key, allow_empty: bool = False) -> bytes:
+        if type(key) is not bytes:
+            if not isinstance(key, (bytearray, memoryview)):
+                raise InvalidArgumentError(f"keys must be bytes, got {type(key).__name__}")
+            key = bytes(key)
+        if not key and not allow_empty:
+            raise InvalidArgumentError("empty key")
+        if len(key) > self._max_key:
+            raise InvalidArgumentError(
+                f"key of {len(key)} bytes is over the max_key_size limit ({self._max_key} bytes)")
+        return key
+
+    def _check_value(self, value) -> bytes:
+        if type(value) is not bytes:
+            if not isinstance(value, (bytearray, memoryview)):
+                raise InvalidArgumentError(f"values must be bytes, got {type(value).__name__}")
+            value = bytes(value)
+        if len(value) > self._max_value:
+            raise InvalidArgumentError(
+                f"value of {len(value)} bytes is over the max_value_size limit "
+                f"({self._max_value} bytes)")
+        return value

@@ -1,0 +1,107 @@
+"""Group commit: concurrent writers share one log write and one fsync.
+
+LevelDB's ``DBImpl::Write`` ``writers_`` queue. Every write enters a FIFO queue under the DB
+mutex. The writer at the head is the *leader*: it takes the queued writes behind it (the
+*group*), and runs ``commit(group)``, which appends one log record for the whole group, syncs
+once if the leader asked for sync, and applies the group to the memtable. The followers sleep
+until the leader marks them done (with the leader's error, if any), then return. While the
+leader works (``commit`` may release the mutex for the I/O), newcomers queue up behind it and
+form the next group.
+
+Group rules (as LevelDB): a group holds at most ``max_group_bytes`` of keys and values (less
+when the leader is small, so a small write does not wait for a big one); a write that asked for
+sync never joins the group of a leader that did not (it would be acknowledged unsynced).
+
+Thread safety: :meth:`write` may be called from any number of threads. ``commit`` is called
+with the mutex held, by one thread at a time, and must leave it held when it returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable
+
+
+class Writer:
+    """One queued write: its operations, sync flag and (once done) outcome."""
+
+    __slots__ = ("ops", "sync", "nbytes", "commit", "solo", "done", "error")
+
+    def __init__(self, ops: list, sync: bool, nbytes: int, commit, solo: bool):
+        self.ops = ops
+        self.sync = sync
+        self.nbytes = nbytes
+        self.commit = commit
+        self.solo = solo
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """The writers queue. ``mutex`` is the DB mutex (a ``threading.Lock``)."""
+
+    def __init__(self, mutex: threading.Lock, max_group_bytes: int = 1 << 20):
+        self._mu = mutex
+        self._cv = threading.Condition(mutex)
+        self._queue: deque[Writer] = deque()
+        self.max_group_bytes = max_group_bytes
+        self.groups = 0
+        self.grouped_writes = 0
+
+    def write(self, ops: list, sync: bool, nbytes: int, commit: Callable[[list[Writer]], None],
+              solo: bool = False) -> None:
+        """Queue ``ops`` and return once a leader (maybe this thread) committed them.
+
+        Raises the error ``commit`` raised for the group this write belonged to. A ``solo``
+        writer (e.g. a flush request, whose ``commit`` differs) is always a group of its own:
+        it runs its ``commit`` in queue order with the writes before and after it.
+        """
+        w = Writer(ops, sync, nbytes, commit, solo)
+        q = self._queue
+        with self._mu:
+            q.append(w)
+            while not w.done and q[0] is not w:
+                self._cv.wait()
+            if w.done:
+                if w.error is not None:
+                    raise w.error
+                return
+            group = self._build_group(w)
+            err = None
+            try:
+                w.commit(group)
+            except BaseException as exc:  # every writer of the group gets the leader's error
+                err = exc
+            for x in group:
+                q.popleft()
+                x.error = err
+                x.done = True
+            self.groups += 1
+            self.grouped_writes += len(group)
+            if q or len(group) > 1:
+                self._cv.notify_all()
+        if err is not None:
+            raise err
+
+    def pending(self) -> int:
+        """Writes queued or in progress. REQUIRES: the mutex held."""
+        return len(self._queue)
+
+    def _build_group(self, leader: Writer) -> list[Writer]:
+        q = self._queue
+        if len(q) == 1 or leader.solo:
+            return [leader]
+        limit = self.max_group_bytes
+        if leader.nbytes <= 128 << 10:
+            limit = min(limit, leader.nbytes + (128 << 10))
+        group = [leader]
+        size = leader.nbytes
+        for x in list(q)[1:]:
+            if x.solo or (x.sync and not leader.sync):
+                break
+            size += x.nbytes
+            if size > limit:
+                break
+            group.append(x)
+        return group

@@ -1,0 +1,229 @@
+"""``DB.stats()`` and ``DB.filter_report()``: JSON-able views of one DB.
+
+stats(): per level tables/bytes/entries; memtables and log; flushes, compactions and bytes
+compacted; write-stall time; block cache hits/misses; gets and data blocks read per get.
+
+filter_report(): per level and per table the table's own filter accounting
+(``Table.filter_stats``: bytes on disk, mapped, resident as measured by the OS, partitions,
+probes, negatives, positives, true positives, errors) plus:
+
+- ``expected_fpr``: the policy's theoretical FPR at the table's bits per key;
+- ``observed_fpr`` = FP / (FP + negatives), FP = positives - true positives: the fraction of
+  probes for absent keys that the filter failed to reject (Table.filter_stats' definition;
+  the same as (positives - TP) / (negatives + positives - TP));
+- ``false_ratio`` = FP / (FP + TP) (Cassandra's "bloom filter false ratio": the share of
+  "may match" answers that were wrong);
+- totals per level and for the DB;
+- ``budget``: Monkey's allocation for the current shape of the DB beside uniform bits per key
+  at the same memory, as expected wasted table reads per missing-key lookup, and the same
+  figure for the bits the tables actually have;
+- ``cap``: the resident-filter cap, tracked resident bytes, faults and evictions.
+
+Both take no DB lock beyond reading the current read state; counters are read racily (fine
+for statistics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .filter_budget import expected_reads_per_miss
+from .filter_plan import current_allocation, fpr_function
+from .sstable.residency import resident_bytes
+
+
+@dataclass
+class Counters:
+    """Cumulative counters of one open DB (plain ints/floats; updated under the DB mutex or
+    by the single background thread that owns them)."""
+
+    writes: int = 0
+    write_batches: int = 0
+    synced_groups: int = 0
+    log_errors: int = 0
+    flushes: int = 0
+    flush_bytes: int = 0
+    flush_s: float = 0.0
+    compactions: int = 0
+    trivial_moves: int = 0
+    compaction_bytes_read: int = 0
+    compaction_bytes_written: int = 0
+    compaction_entries_in: int = 0
+    compaction_entries_out: int = 0
+    compaction_s: float = 0.0
+    slowdowns: int = 0
+    slowdown_s: float = 0.0
+    stops: int = 0
+    stop_s: float = 0.0
+    background_errors: int = 0
+    recovered_entries: int = 0
+    recovered_tables: int = 0
+
+    def note_compaction(self, task, result, seconds: float) -> None:
+        self.compactions += 1
+        if task.trivial_move:
+            self.trivial_moves += 1
+        self.compaction_bytes_read += result.bytes_read
+        self.compaction_bytes_written += result.bytes_written
+        self.compaction_entries_in += result.entries_in
+        self.compaction_entries_out += result.entries_out
+        self.compaction_s += seconds
+
+
+def _live_tables(rs):
+    """[(level, FileMeta, Table)] of the read state, L0 newest first then by level and key."""
+    out = []
+    levels = rs.version.levels
+    for f, t in zip(levels[0], rs.l0):
+        out.append((0, f, t))
+    k = 0
+    for n in range(1, len(levels)):
+        if levels[n]:
+            for f, t in zip(levels[n], rs.levels[k][3]):
+                out.append((n, f, t))
+            k += 1
+    return out
+
+
+def stats(db) -> dict:
+    rs = db._rs
+    if rs is None:
+        from .errors import ClosedError
+        raise ClosedError("DB is closed")
+    levels = []
+    for n, files in enumerate(rs.version.levels):
+        levels.append({
+            "level": n,
+            "tables": len(files),
+            "bytes": sum(f.size for f in files),
+            "entries": sum(f.num_entries for f in files),
+            "tombstones": sum(f.num_deletions for f in files),
+            "target_bytes": (None if n == 0 or n == len(rs.version.levels) - 1
+                             else int(db.options.max_bytes_for_level(n))),
+        })
+    c = db.counters
+    blocks = sum(getattr(t, "data_blocks_read", 0) for _, _, t in _live_tables(rs))
+    blocks += db._tables.retired["data_blocks_read"]
+    cache = db.block_cache
+    gets = db.gets
+    return {
+        "path": db.path,
+        "levels": levels,
+        "total_table_bytes": sum(lv["bytes"] for lv in levels),
+        "memtable": {"bytes": rs.mem.approximate_bytes, "entries": len(rs.mem),
+                     "frozen": len(rs.frozen),
+                     "frozen_bytes": sum(m.approximate_bytes for m in rs.frozen)},
+        "log": {"number": rs.mem.log_number, "bytes": db._log.size if db._log else 0},
+        "last_sequence": db._last_seq,
+        "writes": c.writes,
+        "write_groups": c.write_batches,
+        "synced_groups": c.synced_groups,
+        "flushes": c.flushes,
+        "flush_bytes": c.flush_bytes,
+        "compactions": c.compactions,
+        "trivial_moves": c.trivial_moves,
+        "compaction_bytes_read": c.compaction_bytes_read,
+        "compaction_bytes_written": c.compaction_bytes_written,
+        "compaction_seconds": round(c.compaction_s, 3),
+        "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
+                        "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
+                        "total_seconds": round(c.slowdown_s + c.stop_s, 4)},
+        "block_cache": {"capacity_bytes": cache.capacity if cache else 0,
+                        "usage_bytes": cache.usage if cache else 0,
+                        "hits": cache.hits if cache else 0,
+                        "misses": cache.misses if cache else 0},
+        "gets": gets,
+        "data_blocks_read": blocks,
+        "data_blocks_read_per_get": (blocks / gets) if gets else None,
+        "background_errors": c.background_errors,
+        "failed": None if db._bg_error is None else str(db._bg_error),
+        "recovered_entries": c.recovered_entries,
+        "recovered_tables": c.recovered_tables,
+        "counters": asdict(c),
+    }
+
+
+_SUM_KEYS = ("keys", "filter_bytes", "filter_index_bytes", "mapped_bytes", "resident_bytes",
+             "partitions", "partitions_touched", "partitions_resident", "probes", "negatives",
+             "positives", "true_positives", "false_positives", "filter_errors")
+
+
+def _ratios(d: dict) -> None:
+    fp = d.get("false_positives", 0)
+    neg = d.get("negatives", 0)
+    tp = d.get("true_positives", 0)
+    d["observed_fpr"] = fp / (fp + neg) if fp + neg else None
+    d["false_ratio"] = fp / (fp + tp) if fp + tp else None
+
+
+def _total(rows: list[dict]) -> dict:
+    tot = {k: sum((r.get(k) or 0) for r in rows) for k in _SUM_KEYS}
+    tot["tables"] = len(rows)
+    keys = tot["keys"]
+    tot["bits_per_key"] = (8 * tot["filter_bytes"] / keys) if keys else 0.0
+    _ratios(tot)
+    return tot
+
+
+def filter_report(db) -> dict:
+    rs = db._rs
+    if rs is None:
+        from .errors import ClosedError
+        raise ClosedError("DB is closed")
+    opts = db.options
+    fpr_of = fpr_function(opts)
+    live = _live_tables(rs)
+    resident = resident_bytes([t.path for _, _, t in live]) if live else {}
+    per_level: dict[int, list[dict]] = {}
+    for level, f, t in live:
+        row = t.filter_stats(resident)
+        row["file_number"] = f.number
+        row["level"] = level
+        row["bits_per_key"] = f.filter_bits_per_key
+        row["expected_fpr"] = fpr_of(f.filter_bits_per_key) if row["policy"] else 1.0
+        _ratios(row)
+        per_level.setdefault(level, []).append(row)
+    levels = []
+    for level in sorted(per_level):
+        rows = per_level[level]
+        levels.append({"level": level, "totals": _total(rows), "tables": rows})
+    all_rows = [r for rows in per_level.values() for r in rows]
+    alloc, ids, runs = current_allocation(opts, rs.version.levels)
+    actual_bits = _actual_run_bits(rs.version.levels, ids)
+    budget = {
+        "enabled": opts.filter_memory_budget is not None,
+        "budget_bytes": opts.filter_memory_budget,
+        "runs": [{"level": lv, "l0_index": i if lv == 0 else None, "entries": n,
+                  "optimal_bits_per_key": round(b, 3), "optimal_fpr": p,
+                  "actual_bits_per_key": round(a, 3)}
+                 for (lv, i), n, b, p, a in zip(ids, runs, alloc.bits_per_key, alloc.fpr,
+                                                actual_bits)],
+        "expected_reads_per_miss_optimal": alloc.expected_reads_per_miss,
+        "expected_reads_per_miss_uniform": alloc.uniform_expected_reads_per_miss,
+        "uniform_bits_per_key": alloc.uniform_bits_per_key,
+        "expected_reads_per_miss_actual": expected_reads_per_miss(runs, actual_bits, fpr_of),
+        "note": ("allocation for the DB's current runs; with no budget configured it is computed "
+                 "for the filter bytes the tables hold now"),
+    }
+    cap = db.filter_cap.report()
+    cap["measured_resident_bytes"] = sum((r.get("resident_bytes") or 0) for r in all_rows)
+    return {
+        "policy": opts.filter_policy,
+        "levels": levels,
+        "totals": _total(all_rows),
+        "budget": budget,
+        "cap": cap,
+    }
+
+
+def _actual_run_bits(levels, ids) -> list[float]:
+    """Bits per key the tables of each run were built with (entry-weighted per level)."""
+    out = []
+    for level, i in ids:
+        files = [levels[0][i]] if level == 0 else list(levels[level])
+        n = sum(f.num_entries for f in files)
+        out.append(sum(f.filter_bits_per_key * f.num_entries for f in files) / n if n else 0.0)
+    return out
+
+
+__all__ = ["Counters", "stats", "filter_report"]

@@ -1,0 +1,105 @@
+"""The open tables of one DB, by file number, with reference counts.
+
+A table is opened (metadata only: engine/sstable reads the footer, index and filter index) the
+first time a read state needs it. Every :class:`engine.read_state.ReadState` holds one
+reference to each table it lists; the DB's current read state therefore keeps every live
+table open, and a table that compaction removed stays open until the last read state that
+lists it is gone (a ``get`` or ``scan`` still running on it). Its file may already be
+deleted: POSIX keeps an open (or mapped) file readable after unlink.
+
+Counters of closed tables (data blocks read, filter probes...) are folded into ``retired`` so
+the DB's statistics stay cumulative.
+
+Thread safety: all methods take one internal lock; the table objects themselves are safe for
+concurrent readers.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .filenames import table_file_name
+from .sstable import Table
+
+_RETIRED_KEYS = ("data_blocks_read",)
+
+
+class TableSet:
+    """Open tables keyed by file number, closed when their last reference goes."""
+
+    def __init__(self, fs, dirname: str, *, block_cache=None, residency=None):
+        self._fs = fs
+        self._dirname = dirname
+        self._block_cache = block_cache
+        self._residency = residency
+        self._lock = threading.Lock()
+        self._tables: dict[int, object] = {}
+        self._refs: dict[int, int] = {}
+        self._closed = False
+        self.retired = {k: 0 for k in _RETIRED_KEYS}
+        self.opened = 0
+
+    def get(self, number: int):
+        """The open table for file ``number`` (opened now if needed; no reference taken)."""
+        with self._lock:
+            t = self._tables.get(number)
+            if t is not None:
+                return t
+        t = Table.open(self._fs, table_file_name(self._dirname, number), file_number=number,
+                       block_cache=self._block_cache, residency=self._residency)
+        with self._lock:
+            have = self._tables.get(number)
+            if have is not None:  # another thread opened it meanwhile
+                t.close()
+                return have
+            self._tables[number] = t
+            self._refs.setdefault(number, 0)
+            self.opened += 1
+            return t
+
+    def ref(self, numbers) -> None:
+        with self._lock:
+            refs = self._refs
+            for n in numbers:
+                refs[n] = refs.get(n, 0) + 1
+
+    def unref(self, numbers) -> None:
+        """Drop one reference to each table; close those left without any."""
+        to_close = []
+        with self._lock:
+            if self._closed:
+                return
+            refs = self._refs
+            for n in numbers:
+                left = refs.get(n, 0) - 1
+                if left > 0:
+                    refs[n] = left
+                    continue
+                refs.pop(n, None)
+                t = self._tables.pop(n, None)
+                if t is not None:
+                    to_close.append(t)
+        for t in to_close:
+            self._close_table(t)
+
+    def _close_table(self, t) -> None:
+        self.retired["data_blocks_read"] += getattr(t, "data_blocks_read", 0)
+        forget = getattr(self._residency, "forget_table", None)
+        if forget is not None:
+            forget(t)
+        t.close()
+
+    def open_tables(self) -> dict[int, object]:
+        """A copy of {file number: table} for the tables open now."""
+        with self._lock:
+            return dict(self._tables)
+
+    def close(self) -> None:
+        """Close every table (DB close). Later unref calls do nothing."""
+        with self._lock:
+            self._closed = True
+            tables = list(self._tables.values())
+            self._tables.clear()
+            self._refs.clear()
+        for t in tables:
+            self._close_table(t)

@@ -1,0 +1,146 @@
+"""Writing sorted entries into new table files: the output side of flushes and compactions.
+
+:func:`write_tables` consumes batches of entries (sorted, one entry per key) and writes one or
+more tables, cutting a new one when the current table reaches ``target_file_size`` or when it
+overlaps too much of the grandparent level (LevelDB's ``ShouldStopBefore``: a table that spans
+many grandparent tables makes its own later compaction expensive). Each table is fsynced and
+closed, then the directory is fsynced once, before the caller refers to the tables in the
+manifest (docs/format.md, "Manifest": durability order).
+
+On any error every file this call created is removed (best effort) and the error propagates:
+no partial table is ever left for the manifest to reference.
+
+Thread safety: a call uses only its own files; many calls may run at once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from .filenames import table_file_name
+from .format import KIND_DELETE
+from .sstable import TableBuilder, TableOptions
+from .version_edit import FileMeta
+
+SIZE_CHECK_EVERY = 32
+"""Entries between two checks of the builder's size estimate (the estimate is not free)."""
+
+
+class Cancelled(Exception):
+    """Raised inside :func:`write_tables` when ``should_stop()`` turns true (DB closing)."""
+
+
+def meta_from_properties(number: int, file_size: int, props) -> FileMeta:
+    """The manifest's record of a finished table."""
+    return FileMeta(
+        number=number,
+        size=file_size,
+        smallest=props.smallest_key,
+        largest=props.largest_key,
+        num_entries=props.num_entries,
+        num_deletions=props.num_tombstones,
+        smallest_seq=props.smallest_seq,
+        largest_seq=props.largest_seq,
+        filter_bits_per_key=float(props.bits_per_key),
+        filter_bytes=props.filter_bytes,
+    )
+
+
+def write_tables(fs, dirname: str, batches: Iterable[list], *,
+                 new_number: Callable[[], int],
+                 table_options: TableOptions,
+                 target_file_size: int | None = None,
+                 grandparents: list | None = None,
+                 max_grandparent_overlap: int | None = None,
+                 drop_tombstones: bool = False,
+                 on_number: Callable[[int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[FileMeta]:
+    """Write ``batches`` (lists of (key, seq, kind, value), keys increasing across batches)
+    into synced tables; return their FileMeta in key order (empty list if nothing was left).
+
+    ``new_number()`` reserves a file number per table (``on_number(n)`` is told each one so
+    the caller can protect it from obsolete-file sweeps). ``drop_tombstones``: tombstones are
+    not written (only when no older data can exist below). ``grandparents``: FileMeta of the
+    level below the output level, sorted, for the overlap cut.
+    """
+    outputs: list[FileMeta] = []
+    created: list[str] = []
+    state = {"builder": None, "wfile": None, "number": 0}
+    gp = grandparents or []
+    gp_limit = max_grandparent_overlap
+    gi = 0
+    overlapped = 0
+    seen_key = False
+
+    def open_next():
+        number = new_number()
+        if on_number is not None:
+            on_number(number)
+        path = table_file_name(dirname, number)
+        created.append(path)
+        wfile = fs.open_writable(path)
+        state["wfile"] = wfile
+        state["number"] = number
+        state["builder"] = TableBuilder(wfile, table_options)
+
+    def finish_current():
+        b = state["builder"]
+        wfile = state["wfile"]
+        state["builder"] = None
+        if b.num_entries == 0:
+            b.abandon()
+            wfile.close()
+            fs.remove(created.pop())
+            return
+        props = b.finish()
+        wfile.sync()
+        wfile.close()
+        outputs.append(meta_from_properties(state["number"], b.file_size, props))
+
+    try:
+        since_check = 0
+        for batch in batches:
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            for key, seq, kind, value in batch:
+                if drop_tombstones and kind == KIND_DELETE:
+                    continue
+                if gp:
+                    while gi < len(gp) and key > gp[gi].largest:
+                        if seen_key:
+                            overlapped += gp[gi].size
+                        gi += 1
+                    seen_key = True
+                b = state["builder"]
+                if b is not None and gp_limit is not None and overlapped > gp_limit:
+                    finish_current()
+                    overlapped = 0
+                    b = None
+                if b is None:
+                    open_next()
+                    b = state["builder"]
+                b.add(key, seq, kind, value)
+                since_check += 1
+                if target_file_size is not None and since_check >= SIZE_CHECK_EVERY:
+                    since_check = 0
+                    if b.estimated_file_size() >= target_file_size:
+                        finish_current()
+        if state["builder"] is not None:
+            finish_current()
+        if outputs:
+            fs.sync_dir(dirname)
+        return outputs
+    except BaseException:
+        b = state["builder"]
+        if b is not None:
+            b.abandon()
+            try:
+                state["wfile"].close()
+            except Exception:
+                pass
+        for path in created:
+            try:
+                fs.remove(path)
+            except Exception:
+                pass
+        raise
