@@ -32,16 +32,17 @@ _pack_tag = ENTRY_TAG.pack
 
 
 def _policy(options: TableOptions):
+    """The configured filter policy; InvalidArgumentError for an unknown name or bad bits."""
     if options.filter_policy is None:
         return None
-    from .. import filters
+    from ..filters import UnknownFilterPolicy, get_policy
 
     try:
-        return filters.get_policy(options.filter_policy, options.bits_per_key)
-    except InvalidArgumentError:
-        raise
-    except (KeyError, ValueError) as exc:
-        raise InvalidArgumentError(f"filter policy {options.filter_policy!r}: {exc}") from exc
+        return get_policy(options.filter_policy, options.bits_per_key)
+    except UnknownFilterPolicy as exc:
+        if isinstance(exc, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(str(exc)) from exc
 
 
 class TableBuilder:

@@ -36,6 +36,7 @@ from ..vfs import RandomAccessFile
 from .block import Block
 from .coding import get_varint
 from .filter_builder import round_up_pages
+from .residency import mapping_address
 
 UNTOUCHED, VERIFIED, RESIDENT, BAD = 0, 1, 2, 3
 FAULT_AROUND_BYTES = 64 * 1024  # Linux default fault_around_bytes: the window to clean up
@@ -114,6 +115,7 @@ class PartitionedFilter:
         self._views: list = [None] * n
         self._mm: mmap.mmap | None = None
         self._mv: memoryview | None = None
+        self.mapping_address: int | None = None  # start of the region's mapping, once mapped
         self._lock = threading.Lock()
         self._closed = False
         self.positives = 0
@@ -185,6 +187,7 @@ class PartitionedFilter:
         mm.madvise(mmap.MADV_RANDOM)
         mv = memoryview(mm)
         self._views = [mv[o : o + s] for o, s in zip(self._offsets, self._sizes)]
+        self.mapping_address = mapping_address(mm)
         self._mm, self._mv = mm, mv
 
     def _fault_in(self, p: int) -> None:
@@ -250,3 +253,4 @@ class PartitionedFilter:
             if self._mm is not None:
                 self._mm.close()
                 self._mm = None
+                self.mapping_address = None

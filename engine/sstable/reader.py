@@ -45,11 +45,11 @@ _anonymous_ids = itertools.count(1)
 def _filter_decoder(name: str, params: dict):
     """The policy that reads filters stored under ``name``/``params``, or None if this build
     cannot read them (the table then answers "may match" and counts filter errors)."""
-    from .. import filters
+    from ..filters import UnknownFilterPolicy, policy_from_stored_name
 
     try:
-        return filters.policy_from_stored(name, params)
-    except Exception:  # an unknown name or unreadable params: the filter is unusable, not fatal
+        return policy_from_stored_name(name, params)
+    except UnknownFilterPolicy:
         return None
 
 
@@ -124,7 +124,6 @@ class Table:
                 file, meta_block(fi, BLOCK_TYPE_FILTER_INDEX), region_offset,
                 props.filter_bytes, _filter_decoder(props.filter_policy, props.filter_params),
                 n, owner=self, residency=residency)
-        self._real_path = _residency.canonical_path(path)
 
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
@@ -228,22 +227,38 @@ class Table:
         f = self._filter
         return f.release(p) if f is not None else 0
 
-    def filter_stats(self, resident_by_path: dict | None = None) -> dict:
-        """The filter accounting of this table (see docs/format.md, "Filter partitions").
+    @property
+    def residency_key(self) -> int | None:
+        """This table's filter mapping, as a target for
+        :func:`engine.sstable.residency.resident_bytes`; None while nothing is mapped."""
+        f = self._filter
+        return f.mapping_address if f is not None else None
 
-        ``resident_bytes`` is measured by the OS (smaps Rss of this file's mappings). Pass
-        ``resident_by_path`` from :func:`engine.sstable.residency.resident_bytes` to report many
-        tables from one smaps pass; otherwise this call makes its own pass.
+    def filter_stats(self, resident: dict | None = None) -> dict:
+        """The filter accounting of this table (docs/format.md, "Filter partitions").
+
+        ``resident_bytes`` is measured by the OS: the smaps Rss of this table's own mapping of
+        its filter region (0 while unmapped). To report many tables from one smaps pass, pass
+        ``resident = residency.resident_bytes(t.residency_key for t in tables)``; without it
+        this call makes its own pass. ``useful`` = ``negatives`` (probes that saved a read);
+        ``true_positives`` are positives whose key ``get`` then found, so ``false_positives``
+        and ``observed_fpr`` describe probes made through ``get``.
         """
         f = self._filter
         props = self.properties
-        if f is None:
-            resident = 0
-        elif resident_by_path is not None and self.path in resident_by_path:
-            resident = resident_by_path[self.path]
+        key = self.residency_key
+        if key is None:
+            resident_now = 0
+        elif resident is not None and key in resident:
+            resident_now = resident[key]
         else:
-            resident = _residency.resident_bytes([self._real_path])[self._real_path]
-        stats = {
+            resident_now = _residency.resident_bytes([key])[key]
+        pos = f.positives if f is not None else 0
+        neg = f.negatives if f is not None else 0
+        tp = f.true_positives if f is not None else 0
+        errors = f.filter_errors if f is not None else 0
+        fp = max(pos - tp, 0)
+        return {
             "policy": props.filter_policy or None,
             "policy_known": f is not None and f.policy is not None,
             "keys": props.num_entries,
@@ -252,20 +267,19 @@ class Table:
             "filter_bytes": props.filter_bytes,
             "filter_index_bytes": props.filter_index_bytes,
             "mapped_bytes": f.mapped_bytes if f is not None else 0,
-            "resident_bytes": resident,
+            "resident_bytes": resident_now,
             "partitions": f.num_partitions if f is not None else 0,
             "partitions_touched": f.partitions_touched() if f is not None else 0,
             "partitions_resident": f.partitions_resident() if f is not None else 0,
+            "probes": pos + neg + errors,
+            "negatives": neg,
+            "useful": neg,
+            "positives": pos,
+            "true_positives": tp,
+            "false_positives": fp,
+            "filter_errors": errors,
+            "observed_fpr": fp / (fp + neg) if fp + neg else None,
         }
-        pos = f.positives if f is not None else 0
-        neg = f.negatives if f is not None else 0
-        tp = f.true_positives if f is not None else 0
-        errors = f.filter_errors if f is not None else 0
-        fp = max(pos - tp, 0)
-        stats.update(probes=pos + neg + errors, negatives=neg, useful=neg, positives=pos,
-                     true_positives=tp, false_positives=fp, filter_errors=errors,
-                     observed_fpr=(fp / (fp + neg)) if fp + neg else None)
-        return stats
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
