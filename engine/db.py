@@ -443,12 +443,12 @@ class DB:
                 self._version = version
                 self._frozen.remove(mem)
                 self._publish()
+                self.counters.flushes += 1
+                self.counters.flush_bytes += sum(m.size for m in metas)
+                self.counters.flush_s += time.perf_counter() - t0
                 self._bg_cv.notify_all()
         self._unreserve(m.number for m in metas)
         self._remove_file(filenames.log_file_name(self.path, mem.log_number))
-        self.counters.flushes += 1
-        self.counters.flush_bytes += sum(m.size for m in metas)
-        self.counters.flush_s += time.perf_counter() - t0
 
     def _reserve(self, number: int) -> None:
         with self._mu:
@@ -512,12 +512,12 @@ class DB:
             with self._mu:
                 self._version = new_version
                 self._publish()
+                self.counters.note_compaction(task, result, time.perf_counter() - t0)
                 self._bg_cv.notify_all()
         self._unreserve(f.number for f in result.outputs)
         if not task.trivial_move:
             for f in task.all_inputs:
                 self._remove_file(filenames.table_file_name(self.path, f.number))
-        self.counters.note_compaction(task, result, time.perf_counter() - t0)
 
     def compact(self) -> None:
         """Flush, then compact every level into the next down to the deepest level holding

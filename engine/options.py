@@ -47,9 +47,9 @@ class Options:
     slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds", lo=0.0)
     # -- compaction ------------------------------------------------------------------------------
     disable_auto_compactions: bool = _opt(False, "no background compaction (flushes still run)")
-    max_bytes_for_level_base: int = _opt(64 * MiB, "target size of L1, bytes", lo=1024)
+    max_bytes_for_level_base: int = _opt(64 * MiB, "target size of L1, bytes", lo=1)
     level_size_multiplier: float = _opt(10.0, "each level's target is this times the previous one", lo=1.0)
-    target_file_size: int = _opt(4 * MiB, "size at which compaction starts a new output table", lo=1024)
+    target_file_size: int = _opt(4 * MiB, "size at which compaction starts a new output table", lo=1)
     max_grandparent_overlap_factor: int = _opt(10, "stop an output table when it overlaps this many target sizes of the next level", lo=1)
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
