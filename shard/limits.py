@@ -1,0 +1,64 @@
+"""Size limits of keys, values and gRPC messages, and the checks that enforce them.
+
+Contract:
+- a key is 1..``max_key_bytes`` bytes (64 KiB, the engine's ``max_key_size``);
+- a value is 0..``max_value_bytes`` bytes (default 4 MiB, the engine's ``max_value_size``);
+- a gRPC message (request or response) is at most ``max_message_bytes`` =
+  ``max_value_bytes + MESSAGE_SLACK_BYTES`` (1 MiB), so a single maximal Put always fits and a
+  larger batch fails with RESOURCE_EXHAUSTED rather than INVALID_ARGUMENT. Servers, the
+  router's shard channels and the client library all use this value for both directions.
+
+A violated limit raises :class:`engine.errors.InvalidArgumentError` whose message names the
+limit; the guard in :mod:`shard.status` turns it into INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import InvalidArgumentError
+
+KiB = 1024
+MiB = 1024 * KiB
+MAX_KEY_BYTES = 64 * KiB
+DEFAULT_MAX_VALUE_BYTES = 4 * MiB
+MESSAGE_SLACK_BYTES = 1 * MiB
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Immutable limits shared by one server's handlers (thread-safe by immutability)."""
+
+    max_key_bytes: int = MAX_KEY_BYTES
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.max_value_bytes + MESSAGE_SLACK_BYTES
+
+    def check_key(self, key: bytes, what: str = "key") -> None:
+        """Raise InvalidArgumentError unless 1 <= len(key) <= max_key_bytes."""
+        n = len(key)
+        if n == 0:
+            raise InvalidArgumentError(f"{what} is empty: keys must be 1 to {self.max_key_bytes} bytes")
+        if n > self.max_key_bytes:
+            raise InvalidArgumentError(
+                f"{what} is {n} bytes, over the key limit of {self.max_key_bytes} bytes")
+
+    def check_value(self, value: bytes) -> None:
+        """Raise InvalidArgumentError when len(value) > max_value_bytes."""
+        if len(value) > self.max_value_bytes:
+            raise InvalidArgumentError(
+                f"value is {len(value)} bytes, over the value limit of {self.max_value_bytes} bytes"
+                " (--max-value-bytes)")
+
+    def check_bound(self, bound: bytes, what: str) -> None:
+        """A scan bound may be empty (unbounded) but not longer than a key."""
+        if len(bound) > self.max_key_bytes:
+            raise InvalidArgumentError(
+                f"{what} is {len(bound)} bytes, over the key limit of {self.max_key_bytes} bytes")
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        """Channel/server options setting both message limits to ``max_message_bytes``."""
+        n = self.max_message_bytes
+        return [("grpc.max_receive_message_length", n), ("grpc.max_send_message_length", n)]

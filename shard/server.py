@@ -1,0 +1,61 @@
+"""``create_server(db, address) -> (serving, port)``: a shard's gRPC server, built, not started.
+
+The server carries KV and Admin for ``db``, the health service and reflection
+(:mod:`shard.serving`), and the message limits of :mod:`shard.limits` in both directions.
+``SO_REUSEPORT`` is off: two shards must never share a port by accident.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from engine.errors import InvalidArgumentError
+from sievekv_proto import sievekv_pb2_grpc as pbg
+
+from .limits import Limits
+from .metrics import RequestMetrics
+from .serving import ADMIN_SERVICE, KV_SERVICE, Serving
+from .servicer import AdminServicer, KVServicer
+from .status import Guard
+
+DEFAULT_WORKERS = 16
+
+
+def bind(server: grpc.Server, address: str) -> int:
+    """Bind ``address`` (``host:port``, port 0 = any free one); return the bound port.
+
+    Raises InvalidArgumentError naming the address when it cannot be bound.
+    """
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise InvalidArgumentError(f"cannot listen on {address}: {exc}") from None
+    if port == 0:
+        raise InvalidArgumentError(f"cannot listen on {address}")
+    return port
+
+
+def server_options(limits: Limits, reuse_port: bool = False) -> list[tuple[str, int]]:
+    return [*limits.grpc_options(), ("grpc.so_reuseport", 1 if reuse_port else 0)]
+
+
+def create_server(db, address: str, *, name: str = "shard", limits: Limits | None = None,
+                  metrics: RequestMetrics | None = None,
+                  max_workers: int = DEFAULT_WORKERS) -> tuple[Serving, int]:
+    """Build a server for ``db`` bound to ``address``; return ``(serving, port)``.
+
+    ``serving.start()`` starts it; ``serving.drain(grace)`` stops it gracefully. The caller
+    owns ``db`` (closes it after the server stopped).
+    """
+    limits = limits or Limits()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="shard"),
+                         options=server_options(limits))
+    port = bind(server, address)
+    own_address = f"{address.rsplit(':', 1)[0]}:{port}"
+    guard = Guard(f"shard {name}", metrics)
+    pbg.add_KVServicer_to_server(guard.wrap(KVServicer(db, limits, name), KV_SERVICE), server)
+    pbg.add_AdminServicer_to_server(
+        guard.wrap(AdminServicer(db, name, own_address), ADMIN_SERVICE), server)
+    return Serving(server, [guard]), port

@@ -1,0 +1,148 @@
+"""The KV and Admin servicers of one shard, over a backend with engine.DB's API.
+
+Handlers validate their input with :class:`shard.limits.Limits`, call the backend and build the
+response; they never catch errors: :class:`shard.status.Guard` maps them to status codes.
+Thread-safe as far as the backend is (engine.DB is).
+"""
+
+from __future__ import annotations
+
+import json
+
+from sievekv_proto import sievekv_pb2 as pb
+
+from .limits import Limits
+from .metrics import flatten_numbers
+
+SCAN_BATCH_ENTRIES = 512
+"""Most entries per ScanResponse message."""
+SCAN_BATCH_BYTES = 256 * 1024
+"""A ScanResponse is sent once its keys and values reach this many bytes (one entry at least)."""
+
+_NOT_FOUND = pb.GetResponse()  # immutable in practice: only ever serialized
+_PUT_OK = pb.PutResponse()
+_DELETE_OK = pb.DeleteResponse()
+
+
+def _sync(request):
+    return request.sync if request.HasField("sync") else None
+
+
+class KVServicer:
+    """sievekv.v1.KV for the shard's own data."""
+
+    def __init__(self, db, limits: Limits, name: str):
+        self.db = db
+        self.limits = limits
+        self.name = name
+
+    def Get(self, request, context):
+        key = request.key
+        if not 0 < len(key) <= self.limits.max_key_bytes:
+            self.limits.check_key(key)
+        value = self.db.get(key)
+        if value is None:
+            return _NOT_FOUND
+        return pb.GetResponse(found=True, value=value)
+
+    def Put(self, request, context):
+        key, value = request.key, request.value
+        self.limits.check_key(key)
+        self.limits.check_value(value)
+        self.db.put(key, value, sync=_sync(request))
+        return _PUT_OK
+
+    def Delete(self, request, context):
+        key = request.key
+        self.limits.check_key(key)
+        self.db.delete(key, sync=_sync(request))
+        return _DELETE_OK
+
+    def MultiGet(self, request, context):
+        keys = list(request.keys)
+        check, max_key = self.limits.check_key, self.limits.max_key_bytes
+        for key in keys:
+            if not 0 < len(key) <= max_key:
+                check(key)
+        values = self.db.multi_get(keys)
+        return pb.MultiGetResponse(found=[v is not None for v in values],
+                                   values=[b"" if v is None else v for v in values])
+
+    def Write(self, request, context):
+        limits = self.limits
+        batch = []
+        for m in request.mutations:
+            limits.check_key(m.key)
+            if m.is_delete:
+                batch.append((m.key, None))
+            else:
+                limits.check_value(m.value)
+                batch.append((m.key, m.value))
+        if batch:
+            self.db.write(batch, sync=_sync(request))
+        return pb.WriteResponse(shards=[pb.ShardWriteResult(
+            shard=self.name, applied=True, mutations=len(batch))])
+
+    def Scan(self, request, context):
+        self.limits.check_bound(request.start, "scan start")
+        self.limits.check_bound(request.end, "scan end")
+        it = self.db.scan(request.start or None, request.end or None, request.limit or None)
+        try:
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            size = 0
+            for key, value in it:
+                keys.append(key)
+                values.append(value)
+                size += len(key) + len(value)
+                if len(keys) >= SCAN_BATCH_ENTRIES or size >= SCAN_BATCH_BYTES:
+                    yield pb.ScanResponse(keys=keys, values=values)
+                    keys, values, size = [], [], 0
+            if keys:
+                yield pb.ScanResponse(keys=keys, values=values)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+
+def report_response(cls, name: str, address: str, report: dict):
+    """A StatsResponse/FilterReportResponse holding one shard's ``report``."""
+    text = json.dumps(report, sort_keys=True, default=str)
+    totals = flatten_numbers(report)
+    return cls(shards=[pb.ShardSection(shard=name, address=address, ok=True, json=text)],
+               totals=totals,
+               json=json.dumps({"shards": {name: report}, "totals": totals, "errors": {}},
+                               sort_keys=True, default=str))
+
+
+class AdminServicer:
+    """sievekv.v1.Admin for the shard itself. ``address`` is what the shard reports as its own
+    (the listen address with the bound port)."""
+
+    def __init__(self, db, name: str, address: str):
+        self.db = db
+        self.name = name
+        self.address = address
+
+    def _ok(self):
+        return pb.AdminResponse(shards=[pb.ShardSection(shard=self.name, address=self.address, ok=True)])
+
+    def Stats(self, request, context):
+        return report_response(pb.StatsResponse, self.name, self.address, self.db.stats())
+
+    def FilterReport(self, request, context):
+        return report_response(pb.FilterReportResponse, self.name, self.address,
+                               self.db.filter_report())
+
+    def Flush(self, request, context):
+        self.db.flush()
+        return self._ok()
+
+    def Compact(self, request, context):
+        self.db.compact()
+        return self._ok()
+
+    def ClusterInfo(self, request, context):
+        return pb.ClusterInfoResponse(role="shard", shards=[pb.ShardInfo(
+            name=self.name, address=self.address, health="SERVING")])
