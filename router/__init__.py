@@ -1,0 +1,7 @@
+"""The stateless router (``python -m router``), its cluster map, and the client library.
+
+Modules: ``slots`` (key -> slot), ``cluster_map`` (slot -> shard, TOML), ``shards`` (one
+channel per shard), ``kv_servicer``/``admin_servicer``/``merge`` (the services for the whole
+cluster), ``deadlines``, ``server`` (``create_router_server``), ``worker`` (the process and the
+SO_REUSEPORT supervisor), ``client``/``client_errors`` (the library for applications).
+"""

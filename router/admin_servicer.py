@@ -1,0 +1,113 @@
+"""sievekv.v1.Admin for the whole cluster: every call fans out to all shards in parallel.
+
+- Stats/FilterReport succeed with one section per shard (``ok = false`` with the error for a
+  shard that failed or could not be reached), totals summed over the answering shards, and
+  the JSON ``{"shards": {name: report}, "totals": {...}, "errors": {name: message}}``.
+- Flush/Compact return one section per shard; when any shard failed, the call fails with the
+  first failure's code and the AdminResponse rides in trailing metadata
+  ``sievekv-admin-result-bin``.
+- ClusterInfo returns the cluster map with each shard's health (grpc.health.v1 Check, at most
+  ``HEALTH_TIMEOUT`` seconds).
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from shard.status import StatusError
+from sievekv_proto import sievekv_pb2 as pb
+
+from .cluster_map import ClusterMap
+from .deadlines import shard_timeout
+from .shards import ShardClient, translate
+from .slots import SLOT_COUNT, SLOT_FUNCTION
+
+ADMIN_RESULT_TRAILER = "sievekv-admin-result-bin"
+HEALTH_TIMEOUT = 1.0
+
+
+class RouterAdmin:
+    def __init__(self, cluster_map: ClusterMap, shards: list[ShardClient], default_timeout: float,
+                 admin_timeout: float):
+        self.cluster_map = cluster_map
+        self.shards = shards
+        self.default_timeout = default_timeout
+        self.admin_timeout = admin_timeout
+
+    def _fan_out(self, method: str, request, timeout: float):
+        """[(shard, response or None, (code, details) or None)] in cluster-map order."""
+        calls = [(s, getattr(s.admin, method).future(request, timeout=timeout)) for s in self.shards]
+        out = []
+        for shard, future in calls:
+            try:
+                out.append((shard, future.result(), None))
+            except grpc.RpcError as exc:
+                out.append((shard, None, translate(shard.label, exc)))
+        return out
+
+    def _report(self, method: str, request, response_cls, context):
+        sections, totals, reports, errors = [], {}, {}, {}
+        for shard, response, failure in self._fan_out(
+                method, request, shard_timeout(context, self.default_timeout)):
+            if failure is not None:
+                code, details = failure
+                errors[shard.name] = details
+                sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=False,
+                                                code=code.value[0], error=details))
+                continue
+            text = response.shards[0].json if response.shards else "{}"
+            sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=True,
+                                            json=text))
+            reports[shard.name] = json.loads(text)
+            for key, value in response.totals.items():
+                totals[key] = totals.get(key, 0.0) + value
+        doc = {"shards": reports, "totals": totals, "errors": errors}
+        return response_cls(shards=sections, totals=totals, json=json.dumps(doc, sort_keys=True))
+
+    def Stats(self, request, context):
+        return self._report("Stats", request, pb.StatsResponse, context)
+
+    def FilterReport(self, request, context):
+        return self._report("FilterReport", request, pb.FilterReportResponse, context)
+
+    def _everywhere(self, method: str, request, context):
+        sections, failed = [], []
+        for shard, _response, failure in self._fan_out(
+                method, request, shard_timeout(context, self.admin_timeout)):
+            if failure is None:
+                sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=True))
+            else:
+                code, details = failure
+                failed.append(failure)
+                sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=False,
+                                                code=code.value[0], error=details))
+        response = pb.AdminResponse(shards=sections)
+        if failed:
+            code, details = failed[0]
+            raise StatusError(code, f"{method} failed on {len(failed)} of {len(sections)} shard(s): {details}",
+                              trailers=((ADMIN_RESULT_TRAILER, response.SerializeToString()),))
+        return response
+
+    def Flush(self, request, context):
+        return self._everywhere("Flush", request, context)
+
+    def Compact(self, request, context):
+        return self._everywhere("Compact", request, context)
+
+    def ClusterInfo(self, request, context):
+        timeout = min(HEALTH_TIMEOUT, shard_timeout(context, HEALTH_TIMEOUT))
+        check = health_pb2.HealthCheckRequest(service="")
+        calls = [(s, s.health.Check.future(check, timeout=timeout)) for s in self.shards]
+        infos = []
+        for spec, (shard, future) in zip(self.cluster_map.shards, calls):
+            try:
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(future.result().status)
+            except grpc.RpcError:
+                status = "UNREACHABLE"
+            infos.append(pb.ShardInfo(name=spec.name, address=spec.address, health=status,
+                                      slots=[pb.SlotRange(start=a, end=b) for a, b in spec.slots]))
+        return pb.ClusterInfoResponse(role="router", slot_count=SLOT_COUNT,
+                                      slot_function=SLOT_FUNCTION, shards=infos)

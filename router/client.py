@@ -1,0 +1,257 @@
+"""The Python client library for applications: ``Client(address)`` talks to a router (the
+whole cluster) or to one shard (its data only); both serve the same services.
+
+    with Client("127.0.0.1:7000") as c:
+        c.put(b"k", b"v")
+        assert c.get(b"k") == b"v"
+        with c.batch() as b:          # a WriteBatcher: sends Writes of bounded size
+            b.put(b"a", b"1"); b.delete(b"b")
+        for key, value in c.scan(b"a", b"z", limit=10): ...
+
+Every method takes ``timeout`` (seconds, the call's whole budget including retries; default
+``Client.timeout``). Reads (get, multi_get, scan, stats, filter_report, cluster_info) are
+retried on UNAVAILABLE with exponential backoff (``retries`` times at most, delays
+``backoff * 2**i`` capped at ``max_backoff``, never past the deadline); a scan that fails
+mid-way resumes after the last key it yielded. Writes are not retried: the caller decides
+(a Put is idempotent, but a Write spanning shards may have applied in part). Errors are
+:mod:`router.client_errors` classes. Thread-safe: one Client may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Iterable, Iterator
+
+import grpc
+
+from shard.limits import Limits
+from sievekv_proto import sievekv_pb2 as pb
+from sievekv_proto import sievekv_pb2_grpc as pbg
+
+from . import client_errors as errors
+from .admin_servicer import ADMIN_RESULT_TRAILER
+from .kv_servicer import WRITE_RESULT_TRAILER
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def to_client_error(exc: grpc.RpcError) -> errors.ClientError:
+    """The ClientError for a failed call (PartialWriteError/PartialAdminError when the router
+    attached per-shard results)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or code.name
+    trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
+    if WRITE_RESULT_TRAILER in trailers:
+        response = pb.WriteResponse.FromString(trailers[WRITE_RESULT_TRAILER])
+        cls = type("PartialWriteError", (errors.PartialWriteError, errors.class_for(code)), {})
+        return cls(code, details, [_shard_write(r) for r in response.shards])
+    if ADMIN_RESULT_TRAILER in trailers:
+        response = pb.AdminResponse.FromString(trailers[ADMIN_RESULT_TRAILER])
+        cls = type("PartialAdminError", (errors.PartialAdminError, errors.class_for(code)), {})
+        return cls(code, details, [_section(s) for s in response.shards])
+    return errors.class_for(code)(code, details)
+
+
+def _shard_write(r) -> errors.ShardWrite:
+    return errors.ShardWrite(r.shard, r.applied, r.mutations, errors.status_code(r.code), r.message)
+
+
+def _section(s) -> errors.ShardResult:
+    return errors.ShardResult(s.shard, s.address, s.ok, errors.status_code(s.code), s.error)
+
+
+class Client:
+    """A connection (one gRPC channel) to a router or a shard. See the module docstring."""
+
+    def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 3,
+                 backoff: float = 0.05, max_backoff: float = 1.0,
+                 max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
+        self.address = address
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.limits = Limits(max_value_bytes=max_value_bytes)
+        self._channel = grpc.insecure_channel(address, options=[
+            *self.limits.grpc_options(), ("grpc.max_reconnect_backoff_ms", 2000),
+            *channel_options])
+        self._kv = pbg.KVStub(self._channel)
+        self._admin = pbg.AdminStub(self._channel)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
+
+    def _delays(self, deadline: float) -> Iterator[None]:
+        """Sleep before each retry; stop when out of retries or when the next sleep would
+        pass ``deadline``."""
+        delay = self.backoff
+        for _ in range(self.retries):
+            pause = min(delay, self.max_backoff) * (0.5 + random.random() / 2)
+            if time.monotonic() + pause >= deadline:
+                return
+            time.sleep(pause)
+            yield
+            delay *= 2
+
+    def _call(self, method, request, timeout: float | None, *, retry: bool):
+        deadline = self._deadline(timeout)
+        delays = self._delays(deadline) if retry else iter(())
+        while True:
+            try:
+                return method(request, timeout=max(deadline - time.monotonic(), 0.0))
+            except grpc.RpcError as exc:
+                if exc.code() is UNAVAILABLE and next(delays, False) is None:
+                    continue
+                raise to_client_error(exc) from None
+
+    # -- KV ------------------------------------------------------------------------------------
+    def get(self, key: bytes, *, timeout: float | None = None) -> bytes | None:
+        """The value of ``key``, or None when absent."""
+        r = self._call(self._kv.Get, pb.GetRequest(key=key), timeout, retry=True)
+        return r.value if r.found else None
+
+    def put(self, key: bytes, value: bytes, *, sync: bool | None = None,
+            timeout: float | None = None) -> None:
+        self._call(self._kv.Put, pb.PutRequest(key=key, value=value, sync=sync), timeout, retry=False)
+
+    def delete(self, key: bytes, *, sync: bool | None = None, timeout: float | None = None) -> None:
+        self._call(self._kv.Delete, pb.DeleteRequest(key=key, sync=sync), timeout, retry=False)
+
+    def multi_get(self, keys: Iterable[bytes], *, chunk: int = 1000,
+                  timeout: float | None = None) -> list[bytes | None]:
+        """Values of ``keys`` in order (None = absent), asked ``chunk`` keys per call."""
+        keys = list(keys)
+        out: list[bytes | None] = []
+        deadline = self._deadline(timeout)
+        for i in range(0, len(keys), chunk) if keys else ():
+            r = self._call(self._kv.MultiGet, pb.MultiGetRequest(keys=keys[i:i + chunk]),
+                           max(deadline - time.monotonic(), 0.0), retry=True)
+            out.extend(v if f else None for f, v in zip(r.found, r.values))
+        return out
+
+    def write(self, mutations: Iterable[tuple[bytes, bytes | None]], *, sync: bool | None = None,
+              timeout: float | None = None) -> list[errors.ShardWrite]:
+        """Apply ``(key, value)`` pairs (value None = delete) in one Write: atomic per shard.
+        Returns one ShardWrite per shard touched; raises PartialWriteError when some shard's
+        part failed."""
+        request = pb.WriteRequest(mutations=[
+            pb.Mutation(key=k, is_delete=True) if v is None else pb.Mutation(key=k, value=v)
+            for k, v in mutations], sync=sync)
+        r = self._call(self._kv.Write, request, timeout, retry=False)
+        return [_shard_write(s) for s in r.shards]
+
+    def scan(self, start: bytes | None = None, end: bytes | None = None, limit: int | None = None,
+             *, timeout: float | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` with start <= key < end in key order, at most ``limit``. Resumes
+        after the last yielded key when the stream fails with UNAVAILABLE (within retries)."""
+        deadline = self._deadline(timeout)
+        delays = self._delays(deadline)
+        left = limit or 0
+        start = start or b""
+        while True:
+            request = pb.ScanRequest(start=start, end=end or b"", limit=left)
+            stream = self._kv.Scan(request, timeout=max(deadline - time.monotonic(), 0.0))
+            try:
+                for batch in stream:
+                    for key, value in zip(batch.keys, batch.values):
+                        yield key, value
+                        start = key + b"\x00"
+                        if left:
+                            left -= 1
+                            if left == 0:
+                                return
+                return
+            except grpc.RpcError as exc:
+                if exc.code() is UNAVAILABLE and next(delays, False) is None:
+                    continue
+                raise to_client_error(exc) from None
+            finally:
+                stream.cancel()
+
+    def batch(self, *, max_mutations: int = 1000, max_bytes: int = 1 << 20,
+              sync: bool | None = None, timeout: float | None = None) -> "WriteBatcher":
+        """A :class:`WriteBatcher` sending Writes of at most ``max_mutations``/``max_bytes``."""
+        return WriteBatcher(self, max_mutations, max_bytes, sync, timeout)
+
+    # -- Admin ---------------------------------------------------------------------------------
+    def _report(self, method, request, timeout) -> dict:
+        r = self._call(method, request, timeout, retry=True)
+        return json.loads(r.json)
+
+    def stats(self, *, timeout: float | None = None) -> dict:
+        """``{"shards": {name: stats}, "totals": {...}, "errors": {name: message}}``."""
+        return self._report(self._admin.Stats, pb.StatsRequest(), timeout)
+
+    def filter_report(self, *, timeout: float | None = None) -> dict:
+        return self._report(self._admin.FilterReport, pb.FilterReportRequest(), timeout)
+
+    def flush(self, *, timeout: float | None = None) -> list[errors.ShardResult]:
+        r = self._call(self._admin.Flush, pb.FlushRequest(), timeout, retry=False)
+        return [_section(s) for s in r.shards]
+
+    def compact(self, *, timeout: float | None = 600.0) -> list[errors.ShardResult]:
+        r = self._call(self._admin.Compact, pb.CompactRequest(), timeout, retry=False)
+        return [_section(s) for s in r.shards]
+
+    def cluster_info(self, *, timeout: float | None = None) -> dict:
+        """``{"role", "slot_count", "slot_function", "shards": [{"name", "address", "health",
+        "slots": [[first, last], ...]}]}``."""
+        r = self._call(self._admin.ClusterInfo, pb.ClusterInfoRequest(), timeout, retry=True)
+        return {"role": r.role, "slot_count": r.slot_count, "slot_function": r.slot_function,
+                "shards": [{"name": s.name, "address": s.address, "health": s.health,
+                            "slots": [[x.start, x.end] for x in s.slots]} for s in r.shards]}
+
+
+class WriteBatcher:
+    """Collects puts and deletes and sends them as Writes of bounded size (each Write atomic
+    per shard; successive Writes are independent). Use as a context manager: leftovers are
+    sent on a clean exit and dropped when the block raised. Not thread-safe."""
+
+    def __init__(self, client: Client, max_mutations: int, max_bytes: int,
+                 sync: bool | None, timeout: float | None):
+        self.client = client
+        self.max_mutations = max_mutations
+        self.max_bytes = max_bytes
+        self.sync = sync
+        self.timeout = timeout
+        self.pending: list[tuple[bytes, bytes | None]] = []
+        self.size = 0
+        self.results: list[errors.ShardWrite] = []
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._add(key, value, len(key) + len(value))
+
+    def delete(self, key: bytes) -> None:
+        self._add(key, None, len(key))
+
+    def _add(self, key, value, size) -> None:
+        if self.pending and (len(self.pending) >= self.max_mutations or self.size + size > self.max_bytes):
+            self.flush()
+        self.pending.append((key, value))
+        self.size += size
+
+    def flush(self) -> None:
+        """Send what is pending as one Write (no-op when empty)."""
+        if not self.pending:
+            return
+        pending, self.pending, self.size = self.pending, [], 0
+        self.results.extend(self.client.write(pending, sync=self.sync, timeout=self.timeout))
+
+    def __enter__(self) -> "WriteBatcher":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.flush()

@@ -1,0 +1,121 @@
+"""The errors :class:`router.client.Client` raises: one class per status code a caller may want
+to handle, all under :class:`ClientError` (which carries ``code`` and ``details``).
+
+=========================  ======================================================
+status code                class
+=========================  ======================================================
+INVALID_ARGUMENT           InvalidArgumentError (empty/oversized key or value)
+UNAVAILABLE                UnavailableError (a shard or the router cannot serve)
+DATA_LOSS                  DataLossError (corruption; details name the file)
+RESOURCE_EXHAUSTED         ResourceExhaustedError (a message over the size limit)
+DEADLINE_EXCEEDED          DeadlineExceededError
+INTERNAL, UNKNOWN          InternalError
+any other                  ClientError
+=========================  ======================================================
+
+A Write through the router that applied on some shards only raises :class:`PartialWriteError`
+(a subclass of the class of the failure's code, e.g. UnavailableError) whose ``results`` say
+per shard whether it applied; a Flush/Compact that failed on some shards raises
+:class:`PartialAdminError` with per-shard ``sections``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+class ClientError(Exception):
+    """A failed call. ``code`` is the grpc.StatusCode, ``details`` the server's one line."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class InvalidArgumentError(ClientError):
+    pass
+
+
+class UnavailableError(ClientError):
+    pass
+
+
+class DataLossError(ClientError):
+    pass
+
+
+class ResourceExhaustedError(ClientError):
+    pass
+
+
+class DeadlineExceededError(ClientError):
+    pass
+
+
+class InternalError(ClientError):
+    pass
+
+
+_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DATA_LOSS: DataLossError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.INTERNAL: InternalError,
+    grpc.StatusCode.UNKNOWN: InternalError,
+}
+
+
+def class_for(code: grpc.StatusCode) -> type[ClientError]:
+    return _BY_CODE.get(code, ClientError)
+
+
+@dataclass(frozen=True)
+class ShardWrite:
+    """One shard's part of a Write: ``applied`` is confirmed when true; when false with
+    UNAVAILABLE or DEADLINE_EXCEEDED it is unknown whether the shard applied it."""
+
+    shard: str
+    applied: bool
+    mutations: int
+    code: grpc.StatusCode
+    message: str
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """One shard's part of an admin call (Flush/Compact/Stats...)."""
+
+    shard: str
+    address: str
+    ok: bool
+    code: grpc.StatusCode
+    error: str
+
+
+class PartialWriteError(ClientError):
+    """A Write applied on some shards only; ``results`` is one ShardWrite per shard."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, results: list[ShardWrite]):
+        super().__init__(code, details)
+        self.results = results
+
+
+class PartialAdminError(ClientError):
+    """A Flush/Compact failed on some shards; ``sections`` is one ShardResult per shard."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, sections: list[ShardResult]):
+        super().__init__(code, details)
+        self.sections = sections
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """grpc.StatusCode for its integer value (UNKNOWN for an unknown number)."""
+    return _CODES.get(number, grpc.StatusCode.UNKNOWN)

@@ -1,0 +1,55 @@
+"""``create_router_server(cluster_map, address) -> (serving, port)``: a router's gRPC server,
+built, not started.
+
+It serves KV and Admin for the whole cluster (:mod:`router.kv_servicer`,
+:mod:`router.admin_servicer`), the health service and reflection, with one long-lived channel
+per shard (closed when the server stops). With ``reuse_port`` several router processes can
+bind the same port (SO_REUSEPORT); the kernel spreads connections between them.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from shard.limits import Limits
+from shard.metrics import RequestMetrics
+from shard.server import bind, server_options
+from shard.serving import ADMIN_SERVICE, KV_SERVICE, Serving
+from shard.status import Guard
+from sievekv_proto import sievekv_pb2_grpc as pbg
+
+from .admin_servicer import RouterAdmin
+from .cluster_map import ClusterMap
+from .kv_servicer import RouterKV
+from .shards import ShardClient
+
+DEFAULT_WORKERS = 32
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_ADMIN_TIMEOUT = 600.0
+
+
+def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limits | None = None,
+                         metrics: RequestMetrics | None = None,
+                         default_timeout: float = DEFAULT_TIMEOUT,
+                         admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
+                         reuse_port: bool = False,
+                         max_workers: int = DEFAULT_WORKERS) -> tuple[Serving, int]:
+    """Build a router for ``cluster_map`` bound to ``address``; return ``(serving, port)``.
+
+    ``default_timeout`` (data calls) and ``admin_timeout`` (Flush/Compact) apply when the
+    client sets no deadline; otherwise the client's remaining time is passed to the shards.
+    """
+    limits = limits or Limits()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="router"),
+                         options=server_options(limits, reuse_port))
+    port = bind(server, address)
+    shards = [ShardClient(spec, limits) for spec in cluster_map.shards]
+    guard = Guard("router", metrics)
+    pbg.add_KVServicer_to_server(
+        guard.wrap(RouterKV(cluster_map, shards, limits, default_timeout), KV_SERVICE), server)
+    pbg.add_AdminServicer_to_server(
+        guard.wrap(RouterAdmin(cluster_map, shards, default_timeout, admin_timeout), ADMIN_SERVICE),
+        server)
+    return Serving(server, [guard], on_stop=[s.close for s in shards]), port
