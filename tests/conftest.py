@@ -1,0 +1,227 @@
+"""Shared fixtures that start real shard and router processes on 127.0.0.1.
+
+Every process is started in its own session (``start_new_session``) with ``--exit-with-parent``
+and registered with the ``procs`` fixture (or the module-scoped ``module_procs``), whose
+teardown SIGKILLs the whole process group of anything still running, even when a test fails.
+
+- ``start_shard_process(procs, data_dir, ...) -> Proc`` and
+  ``start_router_process(procs, cluster_map_path, ...) -> Proc`` start one process and wait
+  for its port file (``Proc.port``, ``Proc.address``).
+- ``cluster4`` (module scope): four shards and one router, with ``.client()``.
+
+The shards serve engine.DB. While engine.DB has not landed, integration tests are skipped;
+``SIEVEKV_TEST_SHARD=rocks`` runs them against bench/rocks_shard.py instead (development only:
+RocksDB behind the same shard server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_TIMEOUT = 30.0
+
+
+def engine_available() -> bool:
+    try:
+        from engine import DB  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def shard_command() -> list[str]:
+    if os.environ.get("SIEVEKV_TEST_SHARD") == "rocks":
+        return [sys.executable, os.path.join(REPO, "bench", "rocks_shard.py")]
+    return [sys.executable, "-m", "shard"]
+
+
+requires_engine = pytest.mark.skipif(
+    not engine_available() and os.environ.get("SIEVEKV_TEST_SHARD") != "rocks",
+    reason="engine.DB has not landed yet: these integration tests need the real engine")
+
+
+def free_port() -> int:
+    """A port that is free right now (bound without SO_REUSEPORT, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    """A started process; ``port`` is read from its port file."""
+
+    popen: subprocess.Popen
+    name: str
+    log_path: str
+    port_file: str
+    port: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> "Proc":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.port_file):
+                with open(self.port_file) as f:
+                    self.port = int(f.read().strip())
+                return self
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.name} did not write its port file in {timeout}s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM (drain) and wait; returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (the process and anything it spawned)."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)  # also after the leader exited
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class ProcRegistry(list):
+    """Processes to kill at teardown."""
+
+    def kill_all(self) -> None:
+        for p in self:
+            p.kill()
+        self.clear()
+
+
+def _spawn(registry: ProcRegistry, name: str, argv: list[str], run_dir: str) -> Proc:
+    os.makedirs(run_dir, exist_ok=True)
+    port_file = os.path.join(run_dir, f"{name}.port")
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    log_path = os.path.join(run_dir, f"{name}.log")
+    log = open(log_path, "ab")
+    try:
+        popen = subprocess.Popen([*argv, "--port-file", port_file], cwd=REPO, stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    finally:
+        log.close()
+    proc = Proc(popen, name, log_path, port_file)
+    registry.append(proc)
+    return proc
+
+
+def start_shard_process(registry: ProcRegistry, data_dir: str, *, name: str, port: int = 0,
+                        extra: tuple[str, ...] = (), wait: bool = True) -> Proc:
+    """Start ``python -m shard`` serving ``data_dir`` (log and port file beside it)."""
+    argv = [*shard_command(), "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
+            "--name", name, "--exit-with-parent", "--log-level", "WARNING", *extra]
+    proc = _spawn(registry, name, argv, os.path.dirname(os.path.abspath(data_dir)))
+    return proc.wait_ready() if wait else proc
+
+
+def start_router_process(registry: ProcRegistry, cluster_map_path: str, *, name: str = "router",
+                         processes: int = 1, extra: tuple[str, ...] = (), wait: bool = True) -> Proc:
+    """Start ``python -m router`` for ``cluster_map_path`` on a free port."""
+    argv = [sys.executable, "-m", "router", "--cluster-map", cluster_map_path,
+            "--listen", "127.0.0.1:0", "--processes", str(processes), "--exit-with-parent",
+            "--log-level", "WARNING", *extra]
+    proc = _spawn(registry, name, argv, os.path.dirname(os.path.abspath(cluster_map_path)))
+    return proc.wait_ready() if wait else proc
+
+
+def write_cluster_map(path: str, shards: list[Proc]) -> str:
+    from router.cluster_map import ClusterMap
+
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(ClusterMap.even([(p.name, p.address) for p in shards]).to_toml())
+    return path
+
+
+@pytest.fixture
+def procs():
+    """A registry of processes started by one test; all are killed at teardown."""
+    registry = ProcRegistry()
+    try:
+        yield registry
+    finally:
+        registry.kill_all()
+
+
+@pytest.fixture(scope="module")
+def module_procs():
+    """Like ``procs``, shared by the tests of one module."""
+    registry = ProcRegistry()
+    try:
+        yield registry
+    finally:
+        registry.kill_all()
+
+
+@dataclass
+class Cluster:
+    shards: list[Proc]
+    router: Proc
+    map_path: str
+    root: str
+
+    def client(self, **kw):
+        from router.client import Client
+
+        return Client(self.router.address, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster4(module_procs, tmp_path_factory):
+    """Four shard processes and one router process (module scope)."""
+    if not engine_available() and os.environ.get("SIEVEKV_TEST_SHARD") != "rocks":
+        pytest.skip("engine.DB has not landed yet: these integration tests need the real engine")
+    root = str(tmp_path_factory.mktemp("cluster4"))
+    shards = [start_shard_process(module_procs, os.path.join(root, f"s{i}"), name=f"s{i}", wait=False)
+              for i in range(4)]
+    for s in shards:
+        s.wait_ready()
+    map_path = write_cluster_map(os.path.join(root, "cluster.toml"), shards)
+    router = start_router_process(module_procs, map_path)
+    return Cluster(shards, router, map_path, root)
+
+
+def open_test_db(path: str, **options):
+    """engine.DB.open(path) (RocksDB with SIEVEKV_TEST_SHARD=rocks; skipped when neither)."""
+    if os.environ.get("SIEVEKV_TEST_SHARD") == "rocks":
+        sys.path.insert(0, os.path.join(REPO, "bench"))
+        from rocks_backend import RocksBackend
+
+        return RocksBackend.open(path, **options)
+    if not engine_available():
+        pytest.skip("engine.DB has not landed yet: these tests need the real engine")
+    from engine import DB
+
+    return DB.open(path, **options)
