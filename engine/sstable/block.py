@@ -133,6 +133,38 @@ class Block:
             raise self._corrupt(f"bad entry at block offset {pos}") from None
         return None
 
+    def whole_entries(self) -> list[tuple[bytes, int, int]]:
+        """Every ``(key, value_start, value_end)`` of a block written with restart interval 1
+        (index, filter index, properties, metaindex), decoded in one tight loop.
+
+        Raises CorruptionError if an entry shares a prefix or runs past the entries.
+        """
+        data = self.data
+        limit = self._restarts_at
+        out = []
+        append = out.append
+        pos = 0
+        try:
+            while pos < limit:
+                shared = data[pos]
+                klen = data[pos + 1]
+                vlen = data[pos + 2]
+                if (shared | klen | vlen) < 0x80:
+                    pos += 3
+                else:
+                    shared, pos = _varint(data, pos, limit)
+                    klen, pos = _varint(data, pos, limit)
+                    vlen, pos = _varint(data, pos, limit)
+                kend = pos + klen
+                vend = kend + vlen
+                if shared or vend > limit:
+                    raise ValueError
+                append((data[pos:kend], kend, vend))
+                pos = vend
+        except (IndexError, ValueError):
+            raise self._corrupt(f"bad entry at block offset {pos}") from None
+        return out
+
     def entries(self, start: bytes | None = None) -> Iterator[tuple[bytes, int, int]]:
         """Yield ``(key, value_start, value_end)`` for every entry with key >= ``start``."""
         limit = self._restarts_at

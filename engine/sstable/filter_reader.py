@@ -53,28 +53,20 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
     Raises CorruptionError naming the file and the block's offset otherwise.
     """
     data = block.data
-    limit = block.entries_end
-    keys, offsets, sizes, crcs, firsts, nkeys = [], [], [], [], [], []
-    pos = 0
+    entries = block.whole_entries()
+    keys = [e[0] for e in entries]
+    offsets, sizes, crcs, firsts, nkeys = [], [], [], [], []
     expect = 0
     try:
-        while pos < limit:
-            shared, pos = get_varint(data, pos, limit)
-            klen, pos = get_varint(data, pos, limit)
-            vlen, pos = get_varint(data, pos, limit)
-            kend = pos + klen
-            vend = kend + vlen
-            if shared or vend > limit:
-                raise ValueError("bad filter index entry")
-            keys.append(data[pos:kend])
-            off, p = get_varint(data, kend, vend)
-            size, p = get_varint(data, p, vend)
-            if p + 4 > vend:
+        for _, vs, ve in entries:
+            off, p = get_varint(data, vs, ve)
+            size, p = get_varint(data, p, ve)
+            if p + 4 > ve:
                 raise ValueError("truncated filter index entry")
             crcs.append(_U32.unpack_from(data, p)[0])
-            first, p = get_varint(data, p + 4, vend)
-            n, p = get_varint(data, p, vend)
-            if p != vend or off != expect or size < 1:
+            first, p = get_varint(data, p + 4, ve)
+            n, p = get_varint(data, p, ve)
+            if p != ve or off != expect or size < 1:
                 raise ValueError(f"partition ({off}, {size}) out of place")
             if first >= num_data_blocks or (firsts and first <= firsts[-1]) or (not firsts and first):
                 raise ValueError(f"partition's first data block {first} out of order")
@@ -83,7 +75,6 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
             sizes.append(size)
             firsts.append(first)
             nkeys.append(n)
-            pos = vend
         if expect != region_size:
             raise ValueError(f"partitions end at {expect}, region size is {region_size}")
         if not all(map(operator.lt, keys, keys[1:])):

@@ -4,8 +4,8 @@ Entry ``i`` maps a separator key ``S_i`` to the handle of data block ``i``, wher
 ``last_key(i) <= S_i < first_key(i + 1)`` (the last entry's key is the table's largest key), so
 ``bisect_left(separators, key)`` names the only block that can hold ``key``. Separators are
 shortened like LevelDB's ``FindShortestSeparator``. Index blocks use restart interval 1 (every
-key whole), which :func:`decode_index` relies on to decode the block in one tight loop into
-plain lists that the table keeps in memory.
+key whole), so :func:`decode_index` decodes the block in one tight loop into plain lists that
+the table keeps in memory.
 """
 
 from __future__ import annotations
@@ -39,30 +39,20 @@ def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], l
     Raises CorruptionError naming the file and the index block's offset otherwise.
     """
     data = block.data
-    limit = block.entries_end
-    keys: list[bytes] = []
+    entries = block.whole_entries()
+    keys = [e[0] for e in entries]
     offsets: list[int] = []
     sizes: list[int] = []
-    pos = 0
     expect = 0
     try:
-        while pos < limit:
-            shared, pos = get_varint(data, pos, limit)
-            klen, pos = get_varint(data, pos, limit)
-            vlen, pos = get_varint(data, pos, limit)
-            kend = pos + klen
-            vend = kend + vlen
-            if shared or vend > limit:
-                raise ValueError("bad index entry")
-            keys.append(data[pos:kend])
-            off, p = get_varint(data, kend, vend)
-            size, p = get_varint(data, p, vend)
-            if off != expect or p != vend:
+        for _, vs, ve in entries:
+            off, p = get_varint(data, vs, ve)
+            size, p = get_varint(data, p, ve)
+            if p != ve or off != expect:
                 raise ValueError(f"data block handle ({off}, {size}) out of place")
             expect = off + size + BLOCK_TRAILER_SIZE
             offsets.append(off)
             sizes.append(size)
-            pos = vend
         if expect != data_end:
             raise ValueError(f"data blocks end at {expect}, expected {data_end}")
         if not all(map(operator.lt, keys, keys[1:])):

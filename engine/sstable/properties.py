@@ -81,7 +81,7 @@ def decode_properties(block: Block) -> TableProperties:
     data = block.data
     values = {}
     try:
-        for key, vstart, vend in block.entries():
+        for key, vstart, vend in block.whole_entries():
             name = key.decode()
             kind = _KINDS.get(name)
             if kind is None:

@@ -87,7 +87,7 @@ class Table:
         metaindex = meta_block(footer.metaindex, BLOCK_TYPE_METAINDEX)
         handles = {}
         try:
-            for name, vs, ve in metaindex.entries():
+            for name, vs, ve in metaindex.whole_entries():
                 handle, end = decode_handle(metaindex.data, vs, ve)
                 if end != ve:
                     raise ValueError("trailing bytes")
