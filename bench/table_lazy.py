@@ -24,7 +24,6 @@ import shutil
 import sys
 import tempfile
 import time
-from bisect import bisect_left
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 

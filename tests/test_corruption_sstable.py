@@ -2,7 +2,6 @@
 answer, never another exception and never a wrong value. A damaged filter may only turn a
 "no" into "may match" (counted as a filter error)."""
 
-import os
 import random
 
 import pytest
@@ -188,4 +187,5 @@ def test_a_damaged_partition_answers_may_match_and_is_counted(tmp_path, table):
             assert t.get(k) == (seq, kind, value)
         s = t.filter_stats()
         assert s["negatives"] == 0 and s["filter_errors"] == s["probes"] > 0
-        assert s["partitions_resident"] == 0  # bad partitions are never trusted
+        assert s["partitions_resident"] == 0  # bad partitions are never trusted...
+        assert s["mapped_bytes"] > 0 and s["resident_bytes"] == 0  # ...nor kept in memory

@@ -14,7 +14,8 @@ OS pages in on first touch. Per partition the reader keeps a state byte:
 
 A probe that makes a partition resident (first touch, or first touch after a release) drops the
 neighbouring pages the kernel's fault-around mapped with it (see engine/sstable/residency.py)
-and tells the DB's ``residency`` hook ``on_fault(owner, p, nbytes)``, outside any lock.
+and tells the DB's ``residency`` hook ``on_fault(owner, p, nbytes)``, outside any lock. A
+partition that fails its CRC has its pages dropped too: it is never resident.
 
 Thread safety: probes may run from many threads without a lock (counters are plain ints: good
 enough for statistics); mapping and CRC verification take an internal lock. ``release`` may be
@@ -158,14 +159,18 @@ class PartitionedFilter:
                 # Reading the partition for its CRC is what faults its pages in.
                 ok = masked_crc(self._views[p]) == self._crcs[p]
                 st = VERIFIED if ok else BAD
-            if st == VERIFIED:
-                st = RESIDENT
-                self._fault_in(p)
-            self._state[p] = st
+                if st == BAD:
+                    self._state[p] = BAD
+                    self._trim_around(p, keep=False)  # a bad partition never stays resident
+            faulted = st == VERIFIED
+            if faulted:
+                self._touch(p)
+                self._state[p] = st = RESIDENT
+                self._trim_around(p, keep=True)
         if st == BAD:
             self.filter_errors += 1
             return True
-        if self._residency is not None:
+        if faulted and self._residency is not None:
             self._residency.on_fault(self._owner, p, self.partition_bytes(p))
         if self._match(self._views[p], key):
             self.positives += 1
@@ -181,12 +186,16 @@ class PartitionedFilter:
         self.mapping_address = mapping_address(mm)
         self._mm, self._mv = mm, mv
 
-    def _fault_in(self, p: int) -> None:
-        """Touch partition ``p``'s pages, then drop the pages of non-resident neighbours that
-        fault-around mapped with them. REQUIRES: the lock held, the region mapped."""
+    def _touch(self, p: int) -> None:
+        """Fault in partition ``p``'s pages (read one byte of each)."""
         view = self._views[p]
         for i in range(0, len(view), FILTER_PAGE_SIZE):
             view[i]
+
+    def _trim_around(self, p: int, keep: bool) -> None:
+        """Drop the pages that fault-around mapped around partition ``p``: those of every
+        non-resident partition within FAULT_AROUND_BYTES of it (and ``p``'s own unless
+        ``keep``). REQUIRES: the lock held, the region mapped."""
         off = self._offsets
         state = self._state
         lo = off[p] - FAULT_AROUND_BYTES
@@ -199,7 +208,7 @@ class PartitionedFilter:
             start = off[q]
             if start >= hi:
                 break
-            if q == p or state[q] == RESIDENT:
+            if (q == p and keep) or state[q] == RESIDENT:
                 continue
             end = start + round_up_pages(self._sizes[q])
             if runs and runs[-1][1] == start:

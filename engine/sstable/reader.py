@@ -19,7 +19,6 @@ flight when ``close`` runs; calls after ``close`` raise ClosedError.
 from __future__ import annotations
 
 import itertools
-import struct
 from bisect import bisect_left
 from typing import Iterator
 
@@ -36,7 +35,7 @@ from .filter_reader import PartitionedFilter
 from .footer import Footer
 from .handle import BlockHandle, decode_handle, unseal
 from .index import decode_index
-from .properties import TableProperties, decode_properties
+from .properties import decode_properties
 
 _tag_at = ENTRY_TAG.unpack_from
 _anonymous_ids = itertools.count(1)
