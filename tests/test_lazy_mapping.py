@@ -180,3 +180,40 @@ def test_close_unmaps_and_one_smaps_pass_reports_many_tables(table_file):
     t1.close()
     t2.close()
     assert mapped_ranges(path) == [] and resident_bytes([path])[path] == 0
+
+
+def test_concurrent_probes_and_releases_never_give_wrong_answers(table_file):
+    import threading
+
+    path, keys, props = table_file
+    cap = FilterCap(2 * PAGE)  # forces constant releases under the readers' feet
+    t = Table.open(FileSystem(), path, residency=cap)
+    present = set(keys)
+    failures = []
+
+    def reader(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(1500):
+                if rng.random() < 0.5:
+                    k = rng.choice(keys)
+                    if t.get(k) is None:
+                        failures.append(("missing", k))
+                else:
+                    k = rng.randbytes(16)
+                    if k not in present and t.get(k) is not None:
+                        failures.append(("phantom", k))
+        except Exception as exc:  # pragma: no cover - reported below
+            failures.append(("exception", repr(exc)))
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    try:
+        assert failures == []
+        assert cap.report()["evictions"] > 100
+    finally:
+        cap.forget_table(t)
+        t.close()

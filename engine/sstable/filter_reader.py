@@ -19,7 +19,10 @@ partition that fails its CRC has its pages dropped too: it is never resident.
 
 Thread safety: probes may run from many threads without a lock (counters are plain ints: good
 enough for statistics); mapping and CRC verification take an internal lock. ``release`` may be
-called from any thread (the DB's filter cap). REQUIRES: no probe in flight when ``close`` runs.
+called from any thread (the DB's filter cap); a probe already past its state check when the
+partition is released faults the page back in unaccounted until that partition's next fault
+(answers stay right: DONTNEED on a file mapping only drops page-table entries).
+REQUIRES: no probe in flight when ``close`` runs.
 """
 
 from __future__ import annotations
