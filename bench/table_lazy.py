@@ -68,9 +68,11 @@ def best_us(fn, sample, rounds: int = 7) -> float:
 
 def lazy_run(path: str, keys: list[bytes], absent: list[bytes], fpr_keys: list[bytes]) -> dict:
     fs = FileSystem()
+    t0 = time.perf_counter()
     t = Table.open(fs, path)
+    open_ms = (time.perf_counter() - t0) * 1e3
     props = t.properties
-    out = {"filter_bytes": props.filter_bytes, "partitions": props.num_filter_partitions,
+    out = {"open_ms": open_ms, "filter_bytes": props.filter_bytes, "partitions": props.num_filter_partitions,
            "effective_bpk": props.effective_bits_per_key, "open_bytes_read": fs.counters.bytes_read,
            "file_size": t.file_size, "after_open": rss_of(t), "maps_after_open": fs.counters.maps}
     done = 0
@@ -185,7 +187,7 @@ def main() -> None:
             fb = r["filter_bytes"]
             print(f"\n## {policy}: built in {secs:.1f} s; file {r['file_size']:,} B; filter "
                   f"{fb:,} B in {r['partitions']} partitions; {r['effective_bpk']:.2f} bits/key")
-            print(f"open: read {r['open_bytes_read']:,} B "
+            print(f"open: {r['open_ms']:.1f} ms, read {r['open_bytes_read']:,} B "
                   f"({r['open_bytes_read'] / r['file_size']:.4%} of the file), "
                   f"maps {r['maps_after_open']}, resident filter bytes {r['after_open']} "
                   f"(target 0)")
