@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from ..errors import InvalidArgumentError
+from ..filters import get_policy
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES, ENTRY_TAG,
                       FILTER_PAGE_SIZE, KIND_DELETE, KIND_VALUE, MAX_SEQUENCE,
@@ -32,17 +33,11 @@ _pack_tag = ENTRY_TAG.pack
 
 
 def _policy(options: TableOptions):
-    """The configured filter policy; InvalidArgumentError for an unknown name or bad bits."""
+    """The configured filter policy. get_policy raises InvalidArgumentError (its subclass
+    UnknownFilterPolicy for an unknown name) for a bad name or bits per key."""
     if options.filter_policy is None:
         return None
-    from ..filters import UnknownFilterPolicy, get_policy
-
-    try:
-        return get_policy(options.filter_policy, options.bits_per_key)
-    except UnknownFilterPolicy as exc:
-        if isinstance(exc, InvalidArgumentError):
-            raise
-        raise InvalidArgumentError(str(exc)) from exc
+    return get_policy(options.filter_policy, options.bits_per_key)
 
 
 class TableBuilder:

@@ -23,6 +23,7 @@ from bisect import bisect_left
 from typing import Iterator
 
 from ..errors import ClosedError, CorruptionError
+from ..filters import UnknownFilterPolicy, policy_from_stored_name
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES,
                       ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
@@ -44,8 +45,6 @@ _anonymous_ids = itertools.count(1)
 def _filter_decoder(name: str, params: dict):
     """The policy that reads filters stored under ``name``/``params``, or None if this build
     cannot read them (the table then answers "may match" and counts filter errors)."""
-    from ..filters import UnknownFilterPolicy, policy_from_stored_name
-
     try:
         return policy_from_stored_name(name, params)
     except UnknownFilterPolicy:
