@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
-import os
 import queue
 import socket
 import sys

@@ -1,9 +1,24 @@
 """A Prometheus collector that reads the engine's own counters at scrape time.
 
-Every numeric leaf of ``db.stats()`` is exported as ``sievekv_engine_stat{stat="<dotted.path>"}``
-and every numeric leaf of ``db.filter_report()`` as ``sievekv_engine_filter_stat{stat=...}``
-(gauges: the engine's report decides what is cumulative). A failing report is logged and
-exported as ``sievekv_engine_scrape_errors_total`` instead of failing the scrape.
+From ``db.filter_report()["levels"][i]["totals"]`` (label ``level``):
+
+- ``sievekv_engine_filter_probes_total``           lookups that consulted a filter
+- ``sievekv_engine_filter_useful_total``           the filter said "absent": a read saved
+- ``sievekv_engine_filter_positives_total``        the filter said "may be present"
+- ``sievekv_engine_filter_true_positives_total``   ... and the key was there
+- ``sievekv_engine_filter_false_positives_total``  ... and it was not (a wasted read)
+- ``sievekv_engine_filter_resident_bytes``         filter bytes resident in memory now
+- ``sievekv_engine_filter_bytes``                  filter bytes stored in the level's tables
+
+From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
+``sievekv_engine_memtable_bytes``, ``sievekv_engine_flushes_total``,
+``sievekv_engine_compactions_total``, ``sievekv_engine_compaction_read_bytes_total``,
+``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
+``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
+``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``.
+
+A field the engine does not report is left out; a report that raises is logged and counted in
+``sievekv_engine_scrape_errors_total`` instead of failing the scrape.
 """
 
 from __future__ import annotations
@@ -12,13 +27,52 @@ import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .metrics import flatten_numbers
+from .metrics import _number
 
 log = logging.getLogger(__name__)
 
+_FILTER_COUNTERS = (
+    ("probes", "sievekv_engine_filter_probes", "Lookups that consulted a filter"),
+    ("negatives", "sievekv_engine_filter_useful", "Filter answered absent: a table read saved"),
+    ("positives", "sievekv_engine_filter_positives", "Filter answered may-be-present"),
+    ("true_positives", "sievekv_engine_filter_true_positives", "Positive and the key was present"),
+    ("false_positives", "sievekv_engine_filter_false_positives", "Positive but the key was absent"),
+)
+_FILTER_GAUGES = (
+    ("resident_bytes", "sievekv_engine_filter_resident_bytes", "Filter bytes resident in memory"),
+    ("filter_bytes", "sievekv_engine_filter_bytes", "Filter bytes stored in the level's tables"),
+)
+_STATS_COUNTERS = (
+    (("flushes",), "sievekv_engine_flushes", "Memtable flushes"),
+    (("compactions",), "sievekv_engine_compactions", "Compactions run"),
+    (("compaction_bytes_read",), "sievekv_engine_compaction_read_bytes", "Bytes read by compactions"),
+    (("compaction_bytes_written",), "sievekv_engine_compaction_written_bytes", "Bytes written by compactions"),
+    (("write_stall", "total_seconds"), "sievekv_engine_write_stall_seconds", "Seconds writers were slowed or stopped"),
+    (("block_cache", "hits"), "sievekv_engine_block_cache_hits", "Block cache hits"),
+    (("block_cache", "misses"), "sievekv_engine_block_cache_misses", "Block cache misses"),
+    (("background_errors",), "sievekv_engine_background_errors", "Failed background flushes/compactions"),
+)
+_STATS_GAUGES = (
+    (("block_cache", "usage_bytes"), "sievekv_engine_block_cache_usage_bytes", "Bytes in the block cache"),
+    (("memtable", "bytes"), "sievekv_engine_memtable_bytes", "Bytes in the active memtable"),
+)
+
+
+def _path(doc, path):
+    for part in path:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(part)
+    return _number(doc)
+
+
+def _level(entry, index):
+    level = entry.get("level", index) if isinstance(entry, dict) else index
+    return str(level)
+
 
 class EngineCollector:
-    """Collects from ``db`` on each scrape. Thread-safe as far as db.stats() is."""
+    """Collects from ``db`` on each scrape. Thread-safe as far as the db's reports are."""
 
     def __init__(self, db):
         self.db = db
@@ -26,21 +80,43 @@ class EngineCollector:
 
     def _report(self, name: str) -> dict:
         try:
-            return getattr(self.db, name)()
+            report = getattr(self.db, name)()
+            return report if isinstance(report, dict) else {}
         except Exception:  # noqa: BLE001 - a scrape must not fail because of one report
             self.errors += 1
             log.warning("engine %s() failed during a metrics scrape", name, exc_info=True)
             return {}
 
     def collect(self):
-        for report, metric, help_text in (
-                ("stats", "sievekv_engine_stat", "Numeric fields of db.stats() by dotted path"),
-                ("filter_report", "sievekv_engine_filter_stat",
-                 "Numeric fields of db.filter_report() by dotted path")):
-            family = GaugeMetricFamily(metric, help_text, labels=["stat"])
-            for path, value in sorted(flatten_numbers(self._report(report)).items()):
-                family.add_metric([path], value)
+        filters = self._report("filter_report")
+        levels = filters.get("levels") if isinstance(filters.get("levels"), list) else []
+        for fields, family_cls in ((_FILTER_COUNTERS, CounterMetricFamily), (_FILTER_GAUGES, GaugeMetricFamily)):
+            for field, name, help_text in fields:
+                family = family_cls(name, help_text, labels=["level"])
+                for i, entry in enumerate(levels):
+                    value = _path(entry, ("totals", field))
+                    if value is not None:
+                        family.add_metric([_level(entry, i)], value)
+                yield family
+
+        stats = self._report("stats")
+        for fields, family_cls in ((_STATS_COUNTERS, CounterMetricFamily), (_STATS_GAUGES, GaugeMetricFamily)):
+            for path, name, help_text in fields:
+                value = _path(stats, path)
+                if value is not None:
+                    family = family_cls(name, help_text)
+                    family.add_metric([], value)
+                    yield family
+        stat_levels = stats.get("levels") if isinstance(stats.get("levels"), list) else []
+        for field, name, help_text in (("tables", "sievekv_engine_level_tables", "Tables in the level"),
+                                       ("bytes", "sievekv_engine_level_bytes", "Table bytes in the level")):
+            family = GaugeMetricFamily(name, help_text, labels=["level"])
+            for i, entry in enumerate(stat_levels):
+                value = _path(entry, (field,))
+                if value is not None:
+                    family.add_metric([_level(entry, i)], value)
             yield family
+
         errors = CounterMetricFamily("sievekv_engine_scrape_errors",
                                      "Engine reports that failed during a scrape")
         errors.add_metric([], self.errors)

@@ -19,7 +19,6 @@ from typing import Callable
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +70,28 @@ def _number(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def flatten_numbers(obj, prefix: str = "") -> dict[str, float]:
+def flatten_numbers(obj, prefix: str = "", list_keys: tuple[str, ...] = ("levels",)) -> dict[str, float]:
     """Every numeric leaf of a JSON-like ``obj`` by dotted path (bools and non-numbers skipped).
 
-    >>> flatten_numbers({"a": 1, "b": {"c": 2.5, "d": "x"}, "l": [3]})
-    {'a': 1.0, 'b.c': 2.5, 'l.0': 3.0}
+    Lists are followed only under the keys in ``list_keys`` (per-level lists, indexed by level);
+    other lists (per-table or per-run detail) are skipped: their positions mean nothing across
+    shards, and they would make a metric per table.
+
+    >>> flatten_numbers({"a": 1, "b": {"c": 2.5, "d": "x"}, "levels": [{"n": 3}], "tables": [4]})
+    {'a': 1.0, 'b.c': 2.5, 'levels.0.n': 3.0}
     """
     out: dict[str, float] = {}
     if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        n = _number(obj)
-        if n is not None and prefix:
-            out[prefix] = n
+        for k, v in obj.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, (list, tuple)):
+                if k in list_keys:
+                    for i, item in enumerate(v):
+                        out.update(flatten_numbers(item, f"{path}.{i}", list_keys))
+                continue
+            out.update(flatten_numbers(v, path, list_keys))
         return out
-    for k, v in items:
-        path = f"{prefix}.{k}" if prefix else str(k)
-        out.update(flatten_numbers(v, path))
+    n = _number(obj)
+    if n is not None and prefix:
+        out[prefix] = n
     return out

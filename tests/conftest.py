@@ -9,9 +9,7 @@ teardown SIGKILLs the whole process group of anything still running, even when a
   for its port file (``Proc.port``, ``Proc.address``).
 - ``cluster4`` (module scope): four shards and one router, with ``.client()``.
 
-The shards serve engine.DB. While engine.DB has not landed, integration tests are skipped;
-``SIEVEKV_TEST_SHARD=rocks`` runs them against bench/rocks_shard.py instead (development only:
-RocksDB behind the same shard server).
+The shards serve the real engine.DB (``python -m shard``).
 """
 
 from __future__ import annotations
@@ -28,25 +26,6 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 30.0
-
-
-def engine_available() -> bool:
-    try:
-        from engine import DB  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def shard_command() -> list[str]:
-    if os.environ.get("SIEVEKV_TEST_SHARD") == "rocks":
-        return [sys.executable, os.path.join(REPO, "bench", "rocks_shard.py")]
-    return [sys.executable, "-m", "shard"]
-
-
-requires_engine = pytest.mark.skipif(
-    not engine_available() and os.environ.get("SIEVEKV_TEST_SHARD") != "rocks",
-    reason="engine.DB has not landed yet: these integration tests need the real engine")
 
 
 def free_port() -> int:
@@ -141,7 +120,7 @@ def _spawn(registry: ProcRegistry, name: str, argv: list[str], run_dir: str) -> 
 def start_shard_process(registry: ProcRegistry, data_dir: str, *, name: str, port: int = 0,
                         extra: tuple[str, ...] = (), wait: bool = True) -> Proc:
     """Start ``python -m shard`` serving ``data_dir`` (log and port file beside it)."""
-    argv = [*shard_command(), "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
+    argv = [sys.executable, "-m", "shard", "--data-dir", data_dir, "--listen", f"127.0.0.1:{port}",
             "--name", name, "--exit-with-parent", "--log-level", "WARNING", *extra]
     proc = _spawn(registry, name, argv, os.path.dirname(os.path.abspath(data_dir)))
     return proc.wait_ready() if wait else proc
@@ -201,8 +180,6 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster4(module_procs, tmp_path_factory):
     """Four shard processes and one router process (module scope)."""
-    if not engine_available() and os.environ.get("SIEVEKV_TEST_SHARD") != "rocks":
-        pytest.skip("engine.DB has not landed yet: these integration tests need the real engine")
     root = str(tmp_path_factory.mktemp("cluster4"))
     shards = [start_shard_process(module_procs, os.path.join(root, f"s{i}"), name=f"s{i}", wait=False)
               for i in range(4)]
@@ -213,15 +190,9 @@ def cluster4(module_procs, tmp_path_factory):
     return Cluster(shards, router, map_path, root)
 
 
-def open_test_db(path: str, **options):
-    """engine.DB.open(path) (RocksDB with SIEVEKV_TEST_SHARD=rocks; skipped when neither)."""
-    if os.environ.get("SIEVEKV_TEST_SHARD") == "rocks":
-        sys.path.insert(0, os.path.join(REPO, "bench"))
-        from rocks_backend import RocksBackend
 
-        return RocksBackend.open(path, **options)
-    if not engine_available():
-        pytest.skip("engine.DB has not landed yet: these tests need the real engine")
+def open_test_db(path: str, **options):
+    """The real engine.DB at ``path`` (for in-process servicer tests)."""
     from engine import DB
 
     return DB.open(path, **options)

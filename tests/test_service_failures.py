@@ -16,9 +16,9 @@ from router.cluster_map import load as load_map
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import requires_engine, start_router_process, start_shard_process, write_cluster_map
-
-pytestmark = requires_engine
+from .conftest import (free_port, start_router_process, start_shard_process,
+                       write_cluster_map)
+from .test_service_metrics import scrape
 
 
 def start_cluster(procs, root, n_shards, processes=1):
@@ -189,3 +189,60 @@ def test_two_router_processes_share_one_port(procs, tmp_path):
     assert router.terminate() == 0
     for w in workers[1:]:
         assert not w.is_running() or w.status() == psutil.STATUS_ZOMBIE
+
+
+def test_deadlines_reach_the_shards(procs, tmp_path):
+    shards, _, cmap = start_cluster(procs, str(tmp_path), 2)
+    stopped = shards[0]
+    key = keys_by_shard(cmap, 2, per_shard=1)[0][0]
+    metrics_port = free_port()
+    short = start_router_process(procs, str(tmp_path / "cluster.toml"), name="short",
+                                 extra=("--default-timeout", "0.5"))
+    long = start_router_process(procs, str(tmp_path / "cluster.toml"), name="long",
+                                extra=("--default-timeout", "120", "--metrics-port", str(metrics_port)))
+    for router in (short, long):  # connect both routers to the shard first
+        with Client(router.address) as c:
+            assert c.get(key) is None
+    os.kill(stopped.popen.pid, signal.SIGSTOP)  # connected, but the shard never answers
+    try:
+        # no client deadline: the router applies its default and names the shard
+        with grpc.insecure_channel(short.address) as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                pbg.KVStub(ch).Get(pb.GetRequest(key=key))
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "shard s0" in info.value.details()
+        # a client deadline: the router gives the shard only what is left of it, so its handler
+        # ends with the client's deadline, not after its own 120 s default
+        with Client(long.address, retries=0) as c:
+            with pytest.raises(errors.DeadlineExceededError):
+                c.get(key, timeout=0.5)
+        sample = ("sievekv_requests_total", (("code", "DEADLINE_EXCEEDED"), ("method", "Get")))
+        deadline = time.monotonic() + 30
+        while scrape(metrics_port).get(sample) != 1:
+            assert time.monotonic() < deadline, "the router kept waiting for the shard"
+            time.sleep(0.1)
+    finally:
+        os.kill(stopped.popen.pid, signal.SIGCONT)
+
+
+def test_corruption_in_a_shard_is_data_loss_naming_the_file(procs, tmp_path):
+    shards, router, cmap = start_cluster(procs, str(tmp_path), 2)
+    groups = keys_by_shard(cmap, 2, per_shard=200)
+    with Client(router.address, retries=0) as c:
+        c.write([(k, k * 20) for g in groups for k in g])
+        c.flush()
+    assert shards[0].terminate() == 0
+    data_dir = tmp_path / "s0"
+    tables = sorted(p for p in os.listdir(data_dir) if p.endswith(".sst"))
+    assert tables
+    with open(data_dir / tables[0], "r+b") as f:  # flip a byte inside the first data block
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    start_shard_process(procs, str(data_dir), name="s0", port=shards[0].port)
+    with Client(router.address, retries=8, backoff=0.1, max_backoff=0.5) as c:
+        with pytest.raises(errors.DataLossError) as info:
+            c.get(groups[0][0])
+        assert tables[0] in info.value.details and "shard s0" in info.value.details
+        assert c.multi_get(groups[1]) == [k * 20 for k in groups[1]]  # the other shard is fine

@@ -147,7 +147,11 @@ def test_admin(kv, admin, shard):
     assert [(s.name, s.address, s.health) for s in info.shards] == [("t0", f"127.0.0.1:{shard[3]}", "SERVING")]
 
 
-def test_request_and_engine_metrics(kv, shard):
+def _sum(registry, sample_name):
+    return sum(s.value for m in registry.collect() for s in m.samples if s.name == sample_name)
+
+
+def test_request_and_engine_metrics(kv, admin, shard):
     registry = shard[2]
     before = registry.get_sample_value("sievekv_requests_total", {"method": "Get", "code": "OK"}) or 0
     for _ in range(3):
@@ -156,8 +160,17 @@ def test_request_and_engine_metrics(kv, shard):
     assert registry.get_sample_value("sievekv_requests_total", {"method": "Get", "code": "OK"}) == before + 3
     assert registry.get_sample_value("sievekv_requests_total", {"method": "Get", "code": "INVALID_ARGUMENT"}) >= 1
     assert registry.get_sample_value("sievekv_request_duration_seconds_count", {"method": "Get"}) >= before + 4
-    names = {m.name for m in registry.collect()}
-    assert {"sievekv_engine_stat", "sievekv_engine_filter_stat"} <= names
+    # engine counters, read from db.stats()/filter_report() at scrape time
+    flushes = _sum(registry, "sievekv_engine_flushes_total")
+    kv.Write(pb.WriteRequest(mutations=[pb.Mutation(key=b"em%03d" % i, value=b"v") for i in range(100)]))
+    admin.Flush(pb.FlushRequest())
+    assert _sum(registry, "sievekv_engine_flushes_total") == flushes + 1
+    probes = _sum(registry, "sievekv_engine_filter_probes_total")
+    for i in range(100):
+        assert kv.Get(pb.GetRequest(key=b"em%03d" % i)).found
+    assert _sum(registry, "sievekv_engine_filter_probes_total") >= probes + 100
+    assert _sum(registry, "sievekv_engine_filter_resident_bytes") > 0
+    assert registry.get_sample_value("sievekv_engine_scrape_errors_total") == 0
 
 
 def test_draining_refuses_new_calls_with_unavailable(tmp_path):
