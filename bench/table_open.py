@@ -92,7 +92,7 @@ def main() -> None:
                                             for i, p in enumerate(paths)])
             c = fs.counters.snapshot()
             keys = [t.residency_key for t in tables]
-            mapped = sum(t.filter_stats({})["mapped_bytes"] for t in tables)
+            mapped = sum(t.filter_stats()["mapped_bytes"] for t in tables)
             resident = resident_bytes(paths)
             for t in tables:
                 t.close()

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         cache = BlockCache(8 << 20)
         tables = [Table.open(rfs, p, file_number=i, block_cache=cache)
                   for i, p in enumerate(paths, 1)]
-        mapped = sum(t.filter_stats({})["mapped_bytes"] for t in tables)
+        mapped = sum(t.filter_stats()["mapped_bytes"] for t in tables)
         print(f"reopened: read {rfs.counters.bytes_read:,} bytes of metadata in "
               f"{rfs.counters.read_calls} reads ({rfs.counters.bytes_read / size:.2%} of the "
               f"files); filter bytes mapped {mapped}, resident "
@@ -89,15 +89,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{len(absent):,} absent keys x {len(tables)} tables: {wrong} wrongly found; "
               f"{blocks:,} data blocks read ({cache.hits:,} block cache hits)")
 
-        resident = resident_bytes(t.residency_key for t in tables if t.residency_key)
-        print("\nfilter report (bytes; resident = smaps Rss of each table's mapping)")
+        print("\nfilter report (bytes; resident = pages of each table's filter mapping present "
+              "in this process, read from /proc/self/pagemap)")
         head = (f"{'table':11} {'policy':31} {'bits/key':>8} {'keys':>7} {'on disk':>8} "
                 f"{'mapped':>8} {'resident':>8} {'touched':>9} {'probes':>7} {'useful':>7} "
                 f"{'pos':>6} {'true+':>6} {'FPR':>7}")
         print(head)
         print("-" * len(head))
         for t in tables:
-            s = t.filter_stats(resident)
+            s = t.filter_stats()
             fpr = f"{s['observed_fpr']:.4f}" if s["observed_fpr"] is not None else "-"
             print(f"{os.path.basename(t.path):11} {s['policy']:31} "
                   f"{s['effective_bits_per_key']:8.2f} {s['keys']:7,} {s['filter_bytes']:8,} "

@@ -104,9 +104,9 @@ def positions(kind, span, rng):
     the whole first block's worth) and a random sample of the rest (keeps the test fast)."""
     if kind in ("filter", "padding") and len(span) > 400:
         starts = [o for o in span if (o - span.start) % FILTER_PAGE_SIZE < 8]
-        return sorted(set(starts + rng.sample(list(span), 150)))
+        return sorted(set(starts + rng.sample(list(span), 100)))
     if kind == "data":
-        return sorted(set(span[:300]) | set(rng.sample(list(span), 300)))
+        return sorted(set(span[:200]) | set(rng.sample(list(span), 150)))
     return list(span)
 
 
@@ -140,7 +140,7 @@ def test_cut_files_are_errors_or_right_answers(tmp_path, table):
     bad_path = str(tmp_path / "cut.sst")
     rng = random.Random(4)
     tail_start = regions(raw, props)["filter_index"].start
-    cuts = set(range(tail_start, len(raw))) | set(rng.sample(range(tail_start), 200)) | {0, 1}
+    cuts = set(range(tail_start, len(raw))) | set(rng.sample(range(tail_start), 100)) | {0, 1}
     for n in sorted(cuts):
         write(bad_path, raw[:n])
         assert check(bad_path, entries, absent) is None  # the footer moved: never opens

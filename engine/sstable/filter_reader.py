@@ -40,7 +40,7 @@ from ..vfs import RandomAccessFile
 from .block import Block
 from .coding import get_varint
 from .filter_builder import round_up_pages
-from .residency import mapping_address
+from .residency import mapping_address, mapping_resident_bytes
 
 UNTOUCHED, VERIFIED, RESIDENT, BAD = 0, 1, 2, 3
 FAULT_AROUND_BYTES = 64 * 1024  # Linux default fault_around_bytes: the window to clean up
@@ -125,6 +125,14 @@ class PartitionedFilter:
     @property
     def mapped_bytes(self) -> int:
         return self.region_size if self._mm is not None else 0
+
+    def resident_bytes(self) -> int | None:
+        """Bytes of the region present in this process's page tables (OS-measured, pagemap);
+        0 while unmapped."""
+        with self._lock:
+            if self._mm is None:
+                return 0
+            return mapping_resident_bytes(self.mapping_address, self.region_size)
 
     def partition_bytes(self, p: int) -> int:
         """Bytes of the pages partition ``p`` occupies."""
