@@ -1,8 +1,9 @@
 """Bench 3: lazily mapped filter partitions of one large table.
 
 For a table of --keys (default 1,000,000) entries (16-byte random keys, 100-byte values,
-10 bits/key), classic and blocked Bloom: resident filter bytes measured by the OS (smaps Rss of
-the table's mapping) right after open, after 1, 10, 100 and 1,000 random lookups, and after a
+10 bits/key), classic and blocked Bloom: resident filter bytes measured by the OS (pages of the
+table's filter mapping present in the page tables, /proc/self/pagemap, cross-checked against
+smaps Rss) right after open, after 1, 10, 100 and 1,000 random lookups, and after a
 full sweep (every key probed); pages resident per lookup and per touched partition; and the
 cost of a lookup that the filter answers, against a baseline measured in the same run: the same
 partitions loaded eagerly into memory (Python bytes, no mmap).
@@ -67,10 +68,13 @@ def best_us(fn, sample, rounds: int = 7) -> float:
 
 
 def lazy_run(path: str, keys: list[bytes], absent: list[bytes], fpr_keys: list[bytes]) -> dict:
+    open_ms = float("inf")
+    for _ in range(3):  # best of 3 (the box is shared); each open reads the metadata again
+        t0 = time.perf_counter()
+        Table.open(FileSystem(), path).close()
+        open_ms = min(open_ms, (time.perf_counter() - t0) * 1e3)
     fs = FileSystem()
-    t0 = time.perf_counter()
     t = Table.open(fs, path)
-    open_ms = (time.perf_counter() - t0) * 1e3
     props = t.properties
     out = {"open_ms": open_ms, "filter_bytes": props.filter_bytes, "partitions": props.num_filter_partitions,
            "effective_bpk": props.effective_bits_per_key, "open_bytes_read": fs.counters.bytes_read,
@@ -82,6 +86,7 @@ def lazy_run(path: str, keys: list[bytes], absent: list[bytes], fpr_keys: list[b
         done = cp
         s = t.filter_stats()
         out[f"after_{cp}"] = (s["resident_bytes"], s["partitions_touched"])
+        assert s["resident_bytes"] == rss_of(t), "pagemap and smaps disagree"
     # Observed FPR over many absent keys (filter probes only, so no data block is read).
     out["fpr_probes"] = len(fpr_keys)
     out["observed_fpr"] = sum(map(t.may_match, fpr_keys)) / len(fpr_keys)
@@ -187,7 +192,7 @@ def main() -> None:
             fb = r["filter_bytes"]
             print(f"\n## {policy}: built in {secs:.1f} s; file {r['file_size']:,} B; filter "
                   f"{fb:,} B in {r['partitions']} partitions; {r['effective_bpk']:.2f} bits/key")
-            print(f"open: {r['open_ms']:.1f} ms, read {r['open_bytes_read']:,} B "
+            print(f"open: {r['open_ms']:.1f} ms (best of 3), read {r['open_bytes_read']:,} B "
                   f"({r['open_bytes_read'] / r['file_size']:.4%} of the file), "
                   f"maps {r['maps_after_open']}, resident filter bytes {r['after_open']} "
                   f"(target 0)")
