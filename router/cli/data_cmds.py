@@ -28,8 +28,12 @@ BATCH_BYTES = 1 << 20
 def _client(args):
     from ..client import Client
 
-    return Client(target.router_address(args), timeout=getattr(args, "timeout", None)
-                  or DEFAULT_TIMEOUT)
+    address = target.router_address(args)
+    kw = {}
+    limit = target.max_value_size(args)
+    if limit is not None:
+        kw["max_value_bytes"] = limit
+    return Client(address, timeout=getattr(args, "timeout", None) or DEFAULT_TIMEOUT, **kw)
 
 
 def _arg(s: str | None, args, what: str) -> bytes | None:
@@ -185,8 +189,7 @@ def cmd_load(args) -> int:
                 where = path or "stdin"
                 if batch:
                     send()  # records before the bad line are good: keep them
-                progress.update(loaded, nbytes, final=True)
-                raise CliError(f"{where}: {exc} ({loaded} records before it were loaded)",
+                raise CliError(f"{where}: {exc}; the {loaded} record(s) before it were loaded",
                                USAGE) from None
             if batch:
                 send()

@@ -1,9 +1,14 @@
 """``sievekv filters``: the filter memory report of every shard, per level (and per table).
 
-The numbers are the shards' own (``db.filter_report()``, fetched through the router's
-Admin.FilterReport), shown with human-readable sizes; ``--json`` prints them raw, with the
-cluster totals computed here. Residency is what the OS says (smaps of the shard process),
-not an estimate.
+The numbers are the shards' own (``DB.filter_report()``, engine/reports.py, fetched through
+the router's Admin.FilterReport): filter bytes on disk, mapped, resident (measured by the OS
+from the shard process's smaps), partitions touched of total, top-level filter index bytes,
+bits per key, expected and observed FPR, useful (negative) / positive / true-positive probe
+counts; per shard the budget, cap and evictions. The CLI adds the cluster totals (sums over
+shards) and, per level, the key-weighted configured bits per key and expected FPR.
+
+Human-readable by default; ``--json`` prints the shards' reports untouched (raw numbers) plus
+``cluster_totals``. Exit 4 when some shard did not answer (the others are still shown).
 """
 
 from __future__ import annotations
@@ -19,21 +24,30 @@ from .table import render
 
 DEFAULT_TIMEOUT = 30.0
 
-# Per-level / per-table fields summed into shard and cluster totals.
+# Summed over shards for the cluster totals (all are sums in the engine's own totals too).
 SUM_FIELDS = ("tables", "keys", "filter_bytes", "filter_index_bytes", "mapped_bytes",
               "resident_bytes", "partitions", "partitions_touched", "partitions_resident",
-              "probes", "useful", "positives", "true_positives", "false_positives")
+              "probes", "negatives", "positives", "true_positives", "false_positives",
+              "filter_errors")
 
 
-def _sum(rows: list[dict]) -> dict:
-    out = {}
-    for f in SUM_FIELDS:
-        vals = [r[f] for r in rows if isinstance(r.get(f), (int, float))]
-        out[f] = sum(vals) if vals else None
-    fp, useful = out.get("false_positives"), out.get("useful")
-    out["observed_fpr"] = (fp / (fp + useful)) if fp is not None and useful is not None and (
-        fp + useful) else None
-    return out
+def cluster_totals(shards: dict) -> dict:
+    """Sums of every shard's ``totals``, with the ratios recomputed from the sums."""
+    tot = {f: sum((rep.get("totals", {}).get(f) or 0) for rep in shards.values())
+           for f in SUM_FIELDS}
+    fp, neg, tp = tot["false_positives"], tot["negatives"], tot["true_positives"]
+    tot["observed_fpr"] = fp / (fp + neg) if fp + neg else None
+    tot["false_ratio"] = fp / (fp + tp) if fp + tp else None
+    tot["shards"] = len(shards)
+    tot["evictions"] = sum((rep.get("cap", {}).get("evictions") or 0) for rep in shards.values())
+    return tot
+
+
+def _weighted(tables: list[dict], field: str) -> float | None:
+    """Key-weighted mean of ``field`` over tables that have it."""
+    pairs = [(t.get("keys") or 0, t[field]) for t in tables if t.get(field) is not None]
+    n = sum(k for k, _ in pairs)
+    return sum(k * v for k, v in pairs) / n if n else None
 
 
 def fetch(args) -> dict:
@@ -43,8 +57,8 @@ def fetch(args) -> dict:
                               or DEFAULT_TIMEOUT)
     except grpc.RpcError as exc:
         raise from_rpc_error(exc, f"FilterReport via router {addr}") from None
-    levels = [lv for rep in doc.get("shards", {}).values() for lv in rep.get("levels", [])]
-    doc["cluster_totals"] = _sum(levels)
+    doc.pop("totals", None)  # the router's flattened sums; cluster_totals replaces them
+    doc["cluster_totals"] = cluster_totals(doc.get("shards", {}))
     return doc
 
 
@@ -54,57 +68,75 @@ def cmd_filters(args) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render_text(doc, args.tables))
-    failed = {n: s for n, s in doc.get("sections", {}).items() if not s.get("ok")}
+    failed = {n for n, s in doc.get("sections", {}).items() if not s.get("ok")}
     return PARTIAL if failed else OK
-
-
-def _row(label: list, r: dict) -> list:
-    parts = r.get("partitions")
-    touched = r.get("partitions_touched")
-    return label + [
-        format_count(r.get("tables")) if "tables" in r else "",
-        format_count(r.get("keys")),
-        "-" if r.get("bits_per_key") is None else f"{r['bits_per_key']:.1f}",
-        format_bytes(r.get("filter_bytes")),
-        format_bytes(r.get("mapped_bytes")),
-        format_bytes(r.get("resident_bytes")),
-        f"{format_count(touched)}/{format_count(parts)}",
-        format_bytes(r.get("filter_index_bytes")),
-        format_ratio(r.get("expected_fpr")),
-        format_ratio(r.get("observed_fpr")),
-        format_count(r.get("useful")),
-        format_count(r.get("positives")),
-        format_count(r.get("true_positives")),
-    ]
 
 
 HEADER = ["TABLES", "KEYS", "BITS/KEY", "ON DISK", "MAPPED", "RESIDENT", "PARTS TOUCHED",
           "INDEX", "EXP FPR", "OBS FPR", "USEFUL", "POSITIVE", "TRUE POS"]
 
 
+def _cells(r: dict, bits: float | None, exp_fpr: float | None, tables: int | None) -> list:
+    return [
+        format_count(tables) if tables is not None else "",
+        format_count(r.get("keys")),
+        "-" if bits is None else f"{bits:.1f}",
+        format_bytes(r.get("filter_bytes")),
+        format_bytes(r.get("mapped_bytes")),
+        format_bytes(r.get("resident_bytes")),
+        f"{format_count(r.get('partitions_touched'))}/{format_count(r.get('partitions'))}",
+        format_bytes(r.get("filter_index_bytes")),
+        format_ratio(exp_fpr),
+        format_ratio(r.get("observed_fpr")),
+        format_count(r.get("negatives")),
+        format_count(r.get("positives")),
+        format_count(r.get("true_positives")),
+    ]
+
+
+def _off(n) -> str:
+    return "off" if n is None else format_bytes(n)
+
+
 def render_text(doc: dict, tables: bool) -> str:
     out = []
-    for name in sorted(set(doc.get("shards", {})) | set(doc.get("sections", {}))):
-        rep = doc.get("shards", {}).get(name)
-        sec = doc.get("sections", {}).get(name, {})
+    shards = doc.get("shards", {})
+    sections = doc.get("sections", {})
+    for name in sorted(set(shards) | set(sections)):
+        rep = shards.get(name)
+        sec = sections.get(name, {})
         if rep is None:
-            out.append(f"{name}: unavailable: {sec.get('error') or 'no report'}")
+            out += [f"{name}: no report: {sec.get('error') or 'unavailable'}", ""]
             continue
         budget, cap = rep.get("budget") or {}, rep.get("cap") or {}
-        out.append(f"{name} ({sec.get('address', '?')}): budget "
-                   f"{format_bytes(budget.get('budget_bytes'))}, cap "
-                   f"{format_bytes(cap.get('cap_bytes'))}, evictions "
-                   f"{format_count(cap.get('evictions'))}")
+        out.append(f"{name} ({sec.get('address', '?')}), policy {rep.get('policy')}: "
+                   f"budget {_off(budget.get('budget_bytes'))}, cap {_off(cap.get('cap_bytes'))}, "
+                   f"evictions {format_count(cap.get('evictions'))} "
+                   f"({format_bytes(cap.get('evicted_bytes'))})")
         rows = []
+        all_tables = []
         for lv in rep.get("levels", []):
-            rows.append(_row([f"L{lv.get('level')}", ""], lv))
+            ts = lv.get("tables", [])
+            all_tables += ts
+            t = lv.get("totals", {})
+            rows.append([f"L{lv.get('level')}", ""] + _cells(
+                t, _weighted(ts, "bits_per_key"), _weighted(ts, "expected_fpr"), t.get("tables")))
             if tables:
-                for t in lv.get("tables", []):
-                    rows.append(_row(["", str(t.get("file", t.get("number", "")))], t))
-        rows.append(_row(["total", ""], _sum(rep.get("levels", []))))
+                for tb in ts:
+                    rows.append(["", f"{tb.get('file_number', ''):06d}" if isinstance(
+                        tb.get("file_number"), int) else ""] + _cells(
+                        tb, tb.get("bits_per_key"), tb.get("expected_fpr"), None))
+        t = rep.get("totals", {})
+        rows.append(["total", ""] + _cells(t, _weighted(all_tables, "bits_per_key"),
+                                           _weighted(all_tables, "expected_fpr"), t.get("tables")))
         out.append(render(["LEVEL", "TABLE"] + HEADER, rows))
         out.append("")
-    out.append("cluster total: " + ", ".join(
-        f"{k} {format_bytes(doc['cluster_totals'].get(k))}"
-        for k in ("filter_bytes", "mapped_bytes", "resident_bytes")))
+    ct = doc["cluster_totals"]
+    out.append(f"cluster total ({ct['shards']} shards, {format_count(ct['tables'])} tables, "
+               f"{format_count(ct['keys'])} keys): on disk {format_bytes(ct['filter_bytes'])}, "
+               f"mapped {format_bytes(ct['mapped_bytes'])}, resident "
+               f"{format_bytes(ct['resident_bytes'])}, index {format_bytes(ct['filter_index_bytes'])}, "
+               f"partitions touched {format_count(ct['partitions_touched'])}/"
+               f"{format_count(ct['partitions'])}, observed FPR {format_ratio(ct['observed_fpr'])}, "
+               f"evictions {format_count(ct['evictions'])}")
     return "\n".join(out)

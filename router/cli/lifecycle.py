@@ -45,7 +45,8 @@ def cmd_start(args) -> int:
     cfg = target.load_config(args)
     t0 = time.monotonic()
     _check_not_running(cfg)
-    _say(args, f"starting sievekv: {len(cfg.shards)} shards, router on {cfg.router.address}, "
+    where = cfg.router.address if cfg.router.port else f"{cfg.router.host}:(a free port)"
+    _say(args, f"starting sievekv: {len(cfg.shards)} shards, router on {where}, "
                f"data in {cfg.data_dir}")
     ready = start_supervisor(cfg, on_event=lambda ev: _progress(args, ev))
     took = time.monotonic() - t0

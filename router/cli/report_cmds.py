@@ -51,11 +51,36 @@ def _finish_partial(doc: dict, what: str) -> int:
 # stats
 # ---------------------------------------------------------------------------------------------
 
-STATS_COLUMNS = [("keys", "KEYS", format_count), ("disk_bytes", "DISK", format_bytes),
-                 ("memtable_bytes", "MEMTABLE", format_bytes),
-                 ("tables", "TABLES", format_count),
-                 ("block_cache_bytes", "BLOCK CACHE", format_bytes),
-                 ("filter_resident_bytes", "FILTERS RES", format_bytes)]
+def _level_sum(s: dict, field: str) -> int:
+    return sum(lv.get(field, 0) for lv in s.get("levels", []))
+
+
+def _hit_rate(s: dict) -> str:
+    bc = s.get("block_cache", {})
+    n = bc.get("hits", 0) + bc.get("misses", 0)
+    return f"{100 * bc.get('hits', 0) / n:.1f}%" if n else "-"
+
+
+def _per_get(s: dict) -> str:
+    x = s.get("data_blocks_read_per_get")
+    return "-" if x is None else f"{x:.2f}"
+
+
+# (header, function of one shard's stats -> cell)
+STATS_COLUMNS = [
+    ("TABLES", lambda s: format_count(_level_sum(s, "tables"))),
+    ("TABLE BYTES", lambda s: format_bytes(s.get("total_table_bytes"))),
+    ("ENTRIES", lambda s: format_count(_level_sum(s, "entries"))),
+    ("MEMTABLE", lambda s: format_bytes(s.get("memtable", {}).get("bytes"))),
+    ("LOG", lambda s: format_bytes(s.get("log", {}).get("bytes"))),
+    ("WRITES", lambda s: format_count(s.get("writes"))),
+    ("GETS", lambda s: format_count(s.get("gets"))),
+    ("BLOCKS/GET", _per_get),
+    ("CACHE HITS", _hit_rate),
+    ("FLUSHES", lambda s: format_count(s.get("flushes"))),
+    ("COMPACTIONS", lambda s: format_count(s.get("compactions"))),
+    ("STALL", lambda s: f"{s.get('write_stall', {}).get('total_seconds', 0):.2f}s"),
+]
 
 
 def cmd_stats(args) -> int:
@@ -67,24 +92,17 @@ def cmd_stats(args) -> int:
     rows = []
     for name in sorted(set(shards) | set(doc.get("sections", {}))):
         s = shards.get(name)
-        if s is None:
-            rows.append([name] + ["-"] * len(STATS_COLUMNS))
-            continue
-        rows.append([name] + [fmt(s.get(key)) for key, _, fmt in STATS_COLUMNS])
-    totals = doc.get("totals", {})
-    rows.append(["total"] + [fmt(_int(totals.get(key))) for key, _, fmt in STATS_COLUMNS])
-    print(render(["SHARD"] + [h for _, h, _ in STATS_COLUMNS], rows))
+        rows.append([name] + (["-"] * len(STATS_COLUMNS) if s is None else
+                              [cell(s) for _, cell in STATS_COLUMNS]))
+    print(render(["SHARD"] + [h for h, _ in STATS_COLUMNS], rows))
     for name, s in sorted(shards.items()):
-        extra = {k: v for k, v in s.items() if k not in {c for c, _, _ in STATS_COLUMNS}}
-        if extra:
-            print(f"\n{name}:")
-            for k, v in sorted(extra.items()):
-                print(f"  {k}: {json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v}")
+        lv = [f"L{x['level']} {x['tables']} tables {format_bytes(x['bytes'])}"
+              for x in s.get("levels", []) if x.get("tables")]
+        if lv:
+            print(f"{name}: " + ", ".join(lv))
+        if s.get("failed"):
+            print(f"{name}: background error: {s['failed']}")
     return _finish_partial(doc, "Stats")
-
-
-def _int(x):
-    return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
 # ---------------------------------------------------------------------------------------------

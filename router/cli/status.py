@@ -12,6 +12,7 @@ not, 3 (UNREACHABLE) when the cluster is not running at all.
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,13 +29,36 @@ from .table import render
 STATUS_TIMEOUT = 2.0
 
 
-def shard_numbers(stats: dict) -> dict:
-    """Keys, disk bytes and resident filter bytes out of one shard's ``db.stats()``."""
+def shard_numbers(stats: dict, filters: dict) -> dict:
+    """Keys, resident filter bytes (and the parts they come from) out of one shard's reports.
+
+    ``keys`` is an estimate, as in any LSM: entries in tables minus tombstones plus entries in
+    the active memtable (an overwritten key counts once per version still stored).
+    """
+    levels = stats.get("levels", [])
+    entries = sum(lv.get("entries", 0) - lv.get("tombstones", 0) for lv in levels)
+    mem = stats.get("memtable", {}).get("entries", 0)
     return {
-        "keys": stats.get("keys"),
-        "disk_bytes": stats.get("disk_bytes"),
-        "filter_resident_bytes": stats.get("filter_resident_bytes"),
+        "keys": entries + mem,
+        "tables": sum(lv.get("tables", 0) for lv in levels),
+        "table_bytes": stats.get("total_table_bytes"),
+        "filter_resident_bytes": filters.get("totals", {}).get("resident_bytes"),
+        "filter_bytes": filters.get("totals", {}).get("filter_bytes"),
     }
+
+
+def disk_bytes(path: str | None) -> int | None:
+    """Bytes of every file under ``path`` (the shard's directory: tables, logs, manifest)."""
+    if not path or not os.path.isdir(path):
+        return None
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass  # removed while we walked (compaction): not on disk any more
+    return total
 
 
 def _probe(p: dict, now: float) -> dict:
@@ -48,18 +72,21 @@ def _probe(p: dict, now: float) -> dict:
         "workers": len(p.get("children") or []),
         "metrics_port": p.get("metrics_port") or None,
         "metrics_url": None, "log": p.get("log"), "data_dir": p.get("data_dir"),
-        "keys": None, "disk_bytes": None, "filter_resident_bytes": None, "error": None,
+        "keys": None, "tables": None, "table_bytes": None, "filter_bytes": None,
+        "filter_resident_bytes": None, "error": None,
+        "disk_bytes": disk_bytes(p.get("data_dir")) if p["role"] == "shard" else None,
     }
     if row["metrics_port"]:
         host, _ = split_address(p["address"])
         row["metrics_url"] = f"http://{host}:{row['metrics_port']}/metrics"
     if p["role"] == "shard" and row["health"] == health_probe.SERVING:
         try:
-            doc = rpc.report_json(p["address"], "Stats", STATUS_TIMEOUT)
-            stats = next(iter(doc.get("shards", {}).values()), {})
-            row.update(shard_numbers(stats))
+            stats = rpc.report_json(p["address"], "Stats", STATUS_TIMEOUT)
+            filters = rpc.report_json(p["address"], "FilterReport", STATUS_TIMEOUT)
+            row.update(shard_numbers(next(iter(stats.get("shards", {}).values()), {}),
+                                     next(iter(filters.get("shards", {}).values()), {})))
         except grpc.RpcError as exc:
-            row["error"] = f"Stats: {exc.code().name}"
+            row["error"] = f"{exc.code().name}: {exc.details()}"
     return row
 
 

@@ -56,3 +56,13 @@ def router_address(args) -> str:
     if not addr:
         raise CliError("the cluster state names no router address", UNREACHABLE)
     return addr
+
+
+def max_value_size(args) -> int | None:
+    """The value limit of the cluster in the state file, if there is one (the client sizes its
+    gRPC messages by it); None when unknown."""
+    try:
+        doc = cs.read_state(data_dir(args))
+    except (cs.StateError, CliError):
+        return None
+    return doc.get("config", {}).get("limits", {}).get("max_value_size")
