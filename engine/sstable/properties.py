@@ -54,6 +54,7 @@ class TableProperties:
 
 
 _KINDS = {f.name: f.type for f in fields(TableProperties)}
+_BY_KEY = {name.encode(): (name, kind) for name, kind in _KINDS.items()}
 
 
 def encode_properties(props: TableProperties) -> bytes:
@@ -82,16 +83,18 @@ def decode_properties(block: Block) -> TableProperties:
     values = {}
     try:
         for key, vstart, vend in block.whole_entries():
-            name = key.decode()
-            kind = _KINDS.get(name)
-            if kind is None:
+            known = _BY_KEY.get(key)
+            if known is None:
+                continue
+            name, kind = known
+            if kind == "int":
+                value, end = get_varint(data, vstart, vend)
+                if end != vend:
+                    raise ValueError(f"trailing bytes after {name}")
+                values[name] = value
                 continue
             raw = data[vstart:vend]
-            if kind == "int":
-                value, end = get_varint(raw, 0, len(raw))
-                if end != len(raw):
-                    raise ValueError(f"trailing bytes after {name}")
-            elif kind == "float":
+            if kind == "float":
                 (value,) = _F64.unpack(raw)
             elif kind == "str":
                 value = raw.decode()
