@@ -280,6 +280,18 @@ def test_restart_one_shard(cluster):
     assert cli(cluster, "get", "k2").stdout == "v2\twith tab\n"
 
 
+def test_restart_the_whole_cluster(cluster):
+    before = state(cluster)
+    r = cli(cluster, "cluster", "restart")
+    assert r.returncode == 0, r.stderr
+    after = state(cluster)
+    assert after["state"] == "running"
+    assert after["supervisor"]["pid"] != before["supervisor"]["pid"]
+    assert not [n for n, p, ct in cs.recorded_pids(before) if cs.pid_alive(p, ct)]
+    assert r.stdout.strip() == after["router_address"]
+    assert cli(cluster, "get", "k2").stdout == "v2\twith tab\n"  # data survived
+
+
 def test_stop_leaves_no_process_behind(cluster):
     doc = state(cluster)
     pids = cs.recorded_pids(doc)

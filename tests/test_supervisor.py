@@ -18,7 +18,7 @@ import pytest
 
 from router import cluster_state as cs
 from router import config
-from router.cli import lifecycle
+from router.cli import lifecycle, status
 from router.cli.exit_codes import CONFLICT, ERROR, CliError
 from router.supervisor import control_request
 
@@ -163,6 +163,10 @@ def test_supervised_lifecycle(cluster, tmp_path):
     time.sleep(0.5)
     assert _proc(cfg, "shard-1")["restarts"] == 2  # no further attempts
     assert _proc(cfg, "router")["status"] == "serving"
+    st = status.collect(_state(cfg))  # and `cluster status` says so
+    row = next(r for r in st["processes"] if r["name"] == "shard-1")
+    assert st["cluster"] == "degraded" and row["status"] == "failed" and not row["alive"]
+    assert "shard-1: last exit exit code 3" in status.render_text(st)
 
     # 3. an operator restart tries again (and resets the crash history)
     (tmp_path / "data" / "shard-1" / "crash").unlink()
