@@ -154,7 +154,7 @@ class TableBuilder:
             p.filter_bytes = fb.region_bytes
             p.num_filter_partitions = len(fb.partitions)
         meta_start = self._offset
-        meta = BlockBuilder(1)
+        fi_handle = None
         if fb is not None and fb.partitions:
             contents = fb.index_block()
             p.filter_index_bytes = len(contents)
@@ -168,7 +168,8 @@ class TableBuilder:
         p.format_version = TABLE_FORMAT_VERSION
         p.creation_time = int(time.time())
         props_handle = self._write(encode_properties(p), BLOCK_TYPE_PROPERTIES)
-        if fb is not None and fb.partitions:
+        meta = BlockBuilder(1)
+        if fi_handle is not None:
             meta.add(META_FILTER_INDEX, fi_handle.encode())  # names added in sorted order
         meta.add(META_PROPERTIES, props_handle.encode())
         meta_handle = self._write(meta.finish(), BLOCK_TYPE_METAINDEX)
