@@ -137,7 +137,8 @@ class Block:
         """Every ``(key, value_start, value_end)`` of a block written with restart interval 1
         (index, filter index, properties, metaindex), decoded in one tight loop.
 
-        Raises CorruptionError if an entry shares a prefix or runs past the entries.
+        Raises CorruptionError if an entry shares a prefix or runs past the entries. The header
+        decode is inlined as in :meth:`get` (it runs once per index entry at every open).
         """
         data = self.data
         limit = self._restarts_at
