@@ -173,3 +173,62 @@ def test_unreachable_router_is_exit_3(capsys, monkeypatch):
     code, out, err = _run(capsys, "get", "k", "--router", f"127.0.0.1:{port}", "--timeout", "1")
     assert code == UNREACHABLE and err.startswith("sievekv: error: get: ")
     assert NOT_FOUND != UNREACHABLE
+
+
+# -- report rendering (shapes of engine/reports.py; numbers made up) ---------------------------
+
+def _table(n, level, keys, resident, neg, pos, tp):
+    return {"file_number": n, "level": level, "keys": keys, "bits_per_key": 10.0,
+            "expected_fpr": 0.0096, "filter_bytes": 4096, "filter_index_bytes": 27,
+            "mapped_bytes": resident, "resident_bytes": resident, "partitions": 1,
+            "partitions_touched": 1 if resident else 0, "negatives": neg, "positives": pos,
+            "true_positives": tp, "false_positives": pos - tp}
+
+
+def _shard_report(tables):
+    from router.cli.filters import SUM_FIELDS
+    tot = {f: sum(t.get(f, 0) for t in tables) for f in SUM_FIELDS if f != "tables"}
+    tot["tables"] = len(tables)
+    return {"policy": "blocked-bloom", "levels": [{"level": 0, "totals": tot, "tables": tables}],
+            "totals": tot, "budget": {"budget_bytes": None}, "cap": {"cap_bytes": 1 << 20,
+                                                                     "evictions": 3}}
+
+
+def test_filters_totals_and_text_with_a_missing_shard():
+    from router.cli import filters
+    shards = {"shard-0": _shard_report([_table(7, 0, 100, 4096, 10, 5, 4),
+                                        _table(9, 0, 300, 0, 30, 0, 0)]),
+              "shard-1": _shard_report([_table(3, 0, 50, 4096, 0, 2, 2)])}
+    tot = filters.cluster_totals(shards)
+    assert (tot["keys"], tot["resident_bytes"], tot["tables"]) == (450, 8192, 3)
+    assert tot["observed_fpr"] == 1 / 41 and tot["evictions"] == 6
+    doc = {"shards": shards, "cluster_totals": tot,
+           "sections": {"shard-0": {"address": "a:1", "ok": True},
+                        "shard-1": {"address": "b:2", "ok": True},
+                        "shard-2": {"address": "c:3", "ok": False, "error": "UNAVAILABLE"}}}
+    text = filters.render_text(doc, tables=True)
+    assert "shard-2: no report: UNAVAILABLE" in text
+    assert "budget off, cap 1.0 MiB, evictions 3" in text
+    assert "000007" in text and "000009" in text  # --tables rows
+    assert "resident 8.0 KiB" in text and "3 tables, 450 keys" in text
+
+
+def test_status_text_marks_dead_and_failed_processes():
+    from router.cli import status
+    st = {"cluster": "degraded", "data_dir": "/d", "router_address": "h:1", "error": None,
+          "supervisor": {"pid": 10, "alive": True, "uptime_s": 61},
+          "totals": {"keys": 5, "disk_bytes": 2048, "filter_resident_bytes": None},
+          "processes": [
+              {"name": "shard-0", "role": "shard", "shard": 0, "pid": 11, "alive": True,
+               "address": "h:2", "status": "serving", "health": "SERVING", "uptime_s": 60,
+               "restarts": 0, "keys": 5, "disk_bytes": 2048, "filter_resident_bytes": None,
+               "last_exit": None},
+              {"name": "shard-1", "role": "shard", "shard": 1, "pid": 12, "alive": False,
+               "address": "h:3", "status": "failed", "health": "DOWN", "uptime_s": None,
+               "restarts": 5, "keys": None, "disk_bytes": None, "filter_resident_bytes": None,
+               "last_exit": "exit code 1"}]}
+    text = status.render_text(st)
+    lines = text.splitlines()
+    assert lines[0] == "cluster degraded: router h:1, data /d, supervisor pid 10 up 1m01s"
+    assert lines[3].split()[:7] == ["shard-1", "shard", "1", "-", "h:3", "failed", "DOWN"]
+    assert lines[-1] == "shard-1: last exit exit code 1"
