@@ -91,12 +91,13 @@ _MASK = tuple(1 << (p & 7) for p in range(layout.LINE_BITS))  # bit position -> 
 def _probe_source(k: int) -> str:
     """Source of ``may_match`` unrolled for k probes.
 
-    Measured choices (bench/filters_throughput.py; Python 3.11 on the shared 2-core box):
+    Measured choices (``bench/filters_throughput.py --variants`` times the alternatives):
     the digest is read as one 128-bit int and each 9-bit position is cut out of it with a
     shift and a mask, which beats unpacking all six words with ``struct`` for absent keys
-    (they stop after ~2 probes), and beats both 64K-entry lookup tables (cache misses) and
-    testing a 512-bit int made from the line (slicing + ``int.from_bytes`` cost more than the
-    probes). A True answer is always safe, so the full trailer check runs only on the way to
+    (they stop after ~2 probes; present keys, which need all six, gain ~8% from struct), and
+    beats 64K-entry lookup tables (cache misses) and testing a 512-bit int made from the line
+    (slicing + ``int.from_bytes`` cost more than the probes); byte offset and mask come from
+    512-entry tables, a little faster than computing them. A True answer is always safe, so the full trailer check runs only on the way to
     a False answer; a key whose k bits are all set only confirms the trailer's k (a filter
     written with more probes must be asked all of them). If the trailer is not exactly ours
     with this k, the reference decoder answers (any k; True for bad data)."""
