@@ -79,3 +79,10 @@ def test_load_errors_name_the_file(tmp_path):
     bad.write_text("[[shards]\nname=")
     with pytest.raises(cm.ClusterMapError, match="bad.toml: not valid TOML"):
         cm.load(str(bad))
+
+
+def test_deploy_example_map_is_valid():
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "cluster.example.toml")
+    m = cm.load(path)
+    assert [s.address for s in m.shards] == ["10.0.0.11:7000", "10.0.0.12:7000", "10.0.0.13:7000"]
