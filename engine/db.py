@@ -86,6 +86,7 @@ class DB:
         fs = self._fs = opts.fs if opts.fs is not None else default_fs()
         self._max_key = opts.max_key_size
         self._max_value = opts.max_value_size
+        self._sync = opts.sync
         self._mu = threading.Lock()
         self._bg_cv = threading.Condition(self._mu)
         self._version_lock = threading.Lock()
@@ -98,6 +99,11 @@ class DB:
         self._pending_outputs: set[int] = set()
         self.counters = reports.Counters()
         self.gets = 0
+        self._writes = self._write_groups = self._synced_groups = 0
+        self._memtable_bytes = opts.memtable_bytes
+        # L0 count at which _commit must look at stalls (never, without auto compaction).
+        self._l0_slowdown = (opts.l0_slowdown_trigger if not opts.disable_auto_compactions
+                             else float("inf"))
         self.block_cache = BlockCache(opts.block_cache_bytes) if opts.block_cache_bytes else None
         self.filter_cap = FilterCap(opts.filter_memory_cap)
         self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap)
@@ -237,7 +243,10 @@ class DB:
             key = self._check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = self._check_value(value)
-        self._write([(KIND_VALUE, key, value)], len(key) + len(value), sync)
+        if self._closing:
+            raise ClosedError("DB is closed")
+        self._gc.write([(KIND_VALUE, key, value)], self._sync if sync is None else bool(sync),
+                       len(key) + len(value), self._commit)
 
     def delete(self, key: bytes, sync: bool | None = None) -> None:
         """Delete ``key`` (a tombstone; deleting an absent key is not an error)."""
@@ -274,46 +283,52 @@ class DB:
     def _write(self, ops: list, nbytes: int, sync) -> None:
         if self._closing:
             raise ClosedError("DB is closed")
-        self._gc.write(ops, self.options.sync if sync is None else bool(sync), nbytes, self._commit)
+        self._gc.write(ops, self._sync if sync is None else bool(sync), nbytes, self._commit)
 
     def _commit(self, group) -> None:
         """Group-commit leader: log, sync, apply. REQUIRES: self._mu held (released for I/O)."""
-        self._make_room_for_write(force=False)
-        ops = group[0].ops if len(group) == 1 else [op for w in group for op in w.ops]
-        sync = group[0].sync
+        if (self._mem.approximate_bytes >= self._memtable_bytes or self._log_broken
+                or self._bg_error is not None or self._closing
+                or len(self._version.levels[0]) >= self._l0_slowdown):
+            self._make_room_for_write(force=False)
+        if len(group) == 1:
+            w = group[0]
+            ops = w.ops
+            sync = w.sync
+        else:
+            ops = [op for w in group for op in w.ops]
+            sync = group[0].sync
         seq = self._last_seq + 1
+        # Burn the numbers even on failure: the record may reach the file.
+        self._last_seq = seq + len(ops) - 1
         log = self._log
         mem = self._mem
+        mu = self._mu
         failure = None
-        self._mu.release()
+        mu.release()
         try:
             payload = encode_batch(seq, ops)
-            try:
-                log.add_record(payload)
-            except SieveError as exc:
-                failure = ("append", exc)
-                raise
+            failure = "append"
+            log.add_record(payload)
             if sync:
-                try:
-                    log.sync()
-                except SieveError as exc:
-                    failure = ("sync", exc)
-                    raise
+                failure = "sync"
+                log.sync()
+            failure = None
             mem.add(seq, ops)
-        finally:
-            self._mu.acquire()
-            # Burn the numbers even on failure: the record may have reached the file.
-            self._last_seq = max(self._last_seq, seq + len(ops) - 1)
+        except BaseException as exc:
+            mu.acquire()
             if failure is not None:
                 self.counters.log_errors += 1
-                if failure[0] == "append":
+                if failure == "append":
                     self._log_broken = True  # the next write switches to a new log
                 elif self._bg_error is None:
-                    self._bg_error = failure[1]
-        self.counters.writes += len(group)
-        self.counters.write_batches += 1
+                    self._bg_error = exc
+            raise
+        mu.acquire()
+        self._writes += len(group)
+        self._write_groups += 1
         if sync:
-            self.counters.synced_groups += 1
+            self._synced_groups += 1
 
     def _make_room_for_write(self, force: bool) -> None:
         """Switch memtables when full (or forced); slow down or wait under pressure.
@@ -439,6 +454,8 @@ class DB:
             for m in metas:
                 edit.add_file(0, m)
             version = self._manifest.log_and_apply(edit)
+            # The flush is durable in the manifest: the memtable's log is obsolete.
+            self._remove_file(filenames.log_file_name(self.path, mem.log_number))
             with self._mu:
                 self._version = version
                 self._frozen.remove(mem)
@@ -448,7 +465,6 @@ class DB:
                 self.counters.flush_s += time.perf_counter() - t0
                 self._bg_cv.notify_all()
         self._unreserve(m.number for m in metas)
-        self._remove_file(filenames.log_file_name(self.path, mem.log_number))
 
     def _reserve(self, number: int) -> None:
         with self._mu:

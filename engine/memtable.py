@@ -57,6 +57,15 @@ class MemTable:
         O(len(ops) * log n).
         """
         data = self._data
+        if len(ops) == 1:
+            kind, key, value = ops[0]
+            with self.lock:
+                data[key] = (first_seq, kind, value)
+                self.approximate_bytes += len(key) + len(value) + ENTRY_OVERHEAD
+                if kind == KIND_DELETE:
+                    self.num_deletions += 1
+                self.largest_seq = first_seq
+            return first_seq
         size = 0
         seq = first_seq - 1
         with self.lock:

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 
 from .filter_budget import expected_reads_per_miss
 from .filter_plan import current_allocation, fpr_function
-from .sstable.residency import resident_bytes
 
 
 @dataclass
@@ -37,9 +36,6 @@ class Counters:
     """Cumulative counters of one open DB (plain ints/floats; updated under the DB mutex or
     by the single background thread that owns them)."""
 
-    writes: int = 0
-    write_batches: int = 0
-    synced_groups: int = 0
     log_errors: int = 0
     flushes: int = 0
     flush_bytes: int = 0
@@ -115,9 +111,9 @@ def stats(db) -> dict:
                      "frozen_bytes": sum(m.approximate_bytes for m in rs.frozen)},
         "log": {"number": rs.mem.log_number, "bytes": db._log.size if db._log else 0},
         "last_sequence": db._last_seq,
-        "writes": c.writes,
-        "write_groups": c.write_batches,
-        "synced_groups": c.synced_groups,
+        "writes": db._writes,
+        "write_groups": db._write_groups,
+        "synced_groups": db._synced_groups,
         "flushes": c.flushes,
         "flush_bytes": c.flush_bytes,
         "compactions": c.compactions,
@@ -173,10 +169,9 @@ def filter_report(db) -> dict:
     opts = db.options
     fpr_of = fpr_function(opts)
     live = _live_tables(rs)
-    resident = resident_bytes([t.path for _, _, t in live]) if live else {}
     per_level: dict[int, list[dict]] = {}
     for level, f, t in live:
-        row = t.filter_stats(resident)
+        row = t.filter_stats()
         row["file_number"] = f.number
         row["level"] = level
         row["bits_per_key"] = f.filter_bits_per_key
