@@ -8,9 +8,9 @@ cap, evicts the coldest partition with ``table.release_partition(p)`` (madvise D
 pages are dropped and fault back in from the file at the next probe).
 
 "Coldest" is CLOCK (second chance): resident partitions sit in a ring in fault order; each
-probe sets the table's ``filter_ref[p]`` bit. The hand looks at the oldest partition: if its
-bit is set it clears it and moves the partition to the back (a second chance), otherwise it
-evicts it. Probes pay nothing but setting one byte; the cost is paid at fault time.
+probe sets the table's ``filter_ref[p]`` bit, which is cleared when the partition enters the
+ring. The hand looks at the oldest partition: if its bit is set it clears it and moves the
+partition to the back (a second chance), otherwise it evicts it. Probes pay nothing but setting one byte; the cost is paid at fault time.
 
 Thread safety: all methods take one internal lock. ``on_fault`` may be called from any reader
 thread; ``release_partition`` runs under that lock (tables must not call back into the cap
@@ -44,19 +44,28 @@ class FilterCap:
             if old is not None:
                 self.resident_bytes -= old[2]
             self._ring[key] = (table, p, nbytes)
+            # Enters with its reference bit clear (the probe that faulted it set it): only a
+            # probe *after* it became resident earns it a second chance.
+            table.filter_ref[p] = 0
             self.resident_bytes += nbytes
             self.faults += 1
             cap = self.cap_bytes
             if cap is not None and self.resident_bytes > cap:
-                self._evict_locked(cap)
+                self._evict_locked(cap, key)
 
-    def _evict_locked(self, cap: int) -> None:
+    def _evict_locked(self, cap: int, protect) -> None:
+        """Evict until under ``cap``. Never the partition ``protect`` that just faulted: the
+        probe that faulted it is about to read it (releasing it now would only make that read
+        fault it back in, unaccounted)."""
         ring = self._ring
         # Each partition gets at most one second chance per sweep: bounded by 2 * len(ring).
         budget = 2 * len(ring) + 1
-        while self.resident_bytes > cap and ring and budget > 0:
+        while self.resident_bytes > cap and len(ring) > 1 and budget > 0:
             budget -= 1
             key, entry = next(iter(ring.items()))
+            if key == protect:
+                ring.move_to_end(key)
+                continue
             table, p, nbytes = entry
             ref = table.filter_ref
             if ref[p]:
