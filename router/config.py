@@ -60,7 +60,6 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class LimitsSpec:
-    max_key_size: int
     max_value_size: int
 
 
@@ -268,7 +267,7 @@ def from_toml(doc: dict, *, source: str, base_dir: str) -> ClusterConfig:
     shards = _shards(source, doc, d)
 
     lm = _Section(source, "limits", doc.get("limits", {}), d["limits"])
-    limits = LimitsSpec(lm.size("max_key_size", 1), lm.size("max_value_size", 0))
+    limits = LimitsSpec(lm.size("max_value_size", 0))
     engine = _engine(source, doc, d, limits)
 
     sv = _Section(source, "supervisor", doc.get("supervisor", {}), d["supervisor"])
@@ -366,7 +365,8 @@ _SIZE_OPTIONS = {"memtable_bytes", "max_bytes_for_level_base", "target_file_size
 _OFF_OPTIONS = {"filter_policy", "bits_per_key_per_level", "filter_memory_budget",
                 "filter_memory_cap"}
 # Options of engine.options.Options that the config does not expose: the file system is the
-# shard's business, a cluster always creates its shards, and the limits live in [limits].
+# shard's business, a cluster always creates its shards, keys are limited to 64 KiB by the
+# protocol, and the value limit lives in [limits].
 ENGINE_HIDDEN = {"fs", "create_if_missing", "error_if_exists", "max_key_size", "max_value_size"}
 
 
@@ -392,7 +392,6 @@ def _engine(source: str, doc: dict, d: dict, limits: LimitsSpec) -> dict:
             kw[name] = float(v)  # TOML `10` where the engine takes a float
         else:
             kw[name] = v
-    kw["max_key_size"] = limits.max_key_size
     kw["max_value_size"] = limits.max_value_size
     try:
         Options.from_kwargs(**kw)
