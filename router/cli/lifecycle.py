@@ -10,6 +10,7 @@ file are ever signalled.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -202,7 +203,9 @@ def _last_line(path: str) -> str:
 # stop
 # ---------------------------------------------------------------------------------------------
 
-def cmd_stop(args) -> int:
+def cmd_stop(args, out=None) -> int:
+    """Stop the cluster; one line per process on ``out`` (stdout by default)."""
+    out = out or sys.stdout
     doc = target.read_state(args)
     data_dir = doc["data_dir"]
     stop_timeout = float(doc.get("config", {}).get("supervisor", {}).get("stop_timeout", 10.0))
@@ -252,7 +255,7 @@ def cmd_stop(args) -> int:
                 f", last exit: {p['last_exit']})" if p.get("last_exit") else ")")
         else:
             how = f"stopped ({p.get('last_exit') or 'exited'})"
-        print(f"{name:<10} pid {p.get('pid') or '-':<8} {how}")
+        print(f"{name:<10} pid {p.get('pid') or '-':<8} {how}", file=out, flush=True)
     if doc.get("state") not in ("stopped",) and not cs.pid_alive(sup.get("pid"),
                                                                   sup.get("create_time")):
         doc["state"] = "stopped"
@@ -325,12 +328,13 @@ def cmd_restart(args) -> int:
 
 
 def _restart_cluster(args) -> int:
-    """Stop, then start with the same config (a file is re-read: edits take effect)."""
+    """Stop, then start with the same config (a file is re-read: edits take effect). Like
+    ``start``, stdout gets only the router address; the stop report goes to stderr."""
     doc = target.read_state(args)
     source = doc.get("config", {}).get("source")
     if not getattr(args, "config", None) and source and source != DEFAULT_CONFIG_NAME:
         args.config = source
     if not getattr(args, "data_dir", None):
         args.data_dir = doc["data_dir"]
-    cmd_stop(args)
+    cmd_stop(args, out=io.StringIO() if getattr(args, "quiet", False) else sys.stderr)
     return cmd_start(args)
