@@ -41,7 +41,7 @@ import time
 
 from . import filenames
 from .block_cache import BlockCache
-from .compaction import level_task, pick
+from .compaction import full_task, pick
 from .compaction import run as run_compaction
 from .errors import (ClosedError, InvalidArgumentError, SieveError, StorageIOError)
 from .filter_cap import FilterCap
@@ -536,18 +536,16 @@ class DB:
                 self._remove_file(filenames.table_file_name(self.path, f.number))
 
     def compact(self) -> None:
-        """Flush, then compact every level into the next down to the deepest level holding
-        data (tombstones are dropped there). Waits until done."""
+        """Flush, then merge every level into one: the deepest level holding data, or a
+        deeper one if the data exceeds that level's target (so no automatic compaction is
+        needed afterwards). Tombstones are dropped there. One pass: each entry is rewritten
+        once. Waits until done."""
         self.flush()
         with self._compaction_lock:
-            levels = self._version.levels
-            deepest = max([n for n in range(len(levels)) if levels[n]] or [0])
-            bottom = max(deepest, 1)
-            for level in range(bottom):
-                self._check_open_for_compaction()
-                task = level_task(self._version, level, reason="manual")
-                if task is not None:
-                    self._run_task(task)
+            self._check_open_for_compaction()
+            task = full_task(self._version, self.options)
+            if task is not None:
+                self._run_task(task)
 
     def _check_open_for_compaction(self) -> None:
         with self._mu:

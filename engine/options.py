@@ -42,8 +42,8 @@ class Options:
     memtable_bytes: int = _opt(8 * MiB, "memtable size (keys+values+16/entry) that triggers a flush", lo=1024)
     max_frozen_memtables: int = _opt(2, "frozen memtables waiting for flush before writers stop", lo=1)
     l0_compaction_trigger: int = _opt(4, "L0 table count that triggers an L0->L1 compaction", lo=1)
-    l0_slowdown_trigger: int = _opt(8, "L0 table count at which each write sleeps 1 ms", lo=1)
-    l0_stop_trigger: int = _opt(12, "L0 table count at which writers wait for compaction", lo=1)
+    l0_slowdown_trigger: int = _opt(20, "L0 table count at which each write sleeps slowdown_sleep_s (RocksDB default)", lo=1)
+    l0_stop_trigger: int = _opt(36, "L0 table count at which writers wait for compaction (RocksDB default)", lo=1)
     slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds", lo=0.0)
     # -- compaction ------------------------------------------------------------------------------
     disable_auto_compactions: bool = _opt(False, "no background compaction (flushes still run)")

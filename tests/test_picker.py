@@ -179,3 +179,23 @@ def test_simulator_level_task_compacts_everything_down():
             + [(t.output_level, f.number) for f in t.next_inputs],
             new_files=[(t.output_level, f) for f in outs]))
     assert [n for n in range(7) if sim.version.levels[n]] == [deepest]
+
+
+def test_full_task_merges_every_level_into_one_that_fits():
+    from engine.compaction.picker import full_compaction_level, full_task
+
+    lv = levels([fm(9, 0, 50)], [fm(5, 0, 20, size=600), fm(6, 30, 60, size=600)],
+                [fm(1, 10, 40, size=500)], [], [fm(2, 45, 99, size=100)])
+    assert full_compaction_level(lv, OPTS) == 4
+    t = full_task(lv, OPTS)
+    assert (t.level, t.output_level) == (0, 4)
+    assert [f.number for f in t.inputs] == [9]
+    assert [(n, [f.number for f in fs]) for n, fs in t.middle] == [(1, [5, 6]), (2, [1])]
+    assert [f.number for f in t.next_inputs] == [2] and t.bottommost
+    assert sorted(t.deletions()) == [(0, 9), (1, 5), (1, 6), (2, 1), (4, 2)]
+    after = apply(lv, t, [fm(20, 0, 99, size=1800)])
+    assert [n for n in range(7) if after[n]] == [4]
+    # Too big for L1 (target 1000): everything goes to L2 even though L1 is the deepest level.
+    big = levels([], [fm(5, 0, 20, size=900), fm(6, 30, 60, size=900)])
+    assert full_compaction_level(big, OPTS) == 2
+    assert full_task(levels([], [fm(5, 0, 20)]), OPTS) is None  # already one level

@@ -34,7 +34,9 @@ class CompactionTask:
     """What one compaction reads and where it writes.
 
     ``inputs`` come from ``level`` (for L0: newest first), ``next_inputs`` from ``output_level``
-    (sorted). ``trivial_move``: the single input is moved to output_level unchanged.
+    (sorted). ``middle`` holds ``(level, files)`` for the levels strictly between them (only a
+    manual full compaction spans more than two levels). ``trivial_move``: the single input is
+    moved to output_level unchanged.
     """
 
     level: int
@@ -45,10 +47,19 @@ class CompactionTask:
     trivial_move: bool
     reason: str
     score: float
+    middle: tuple = ()
 
     @property
     def all_inputs(self) -> tuple:
-        return self.inputs + self.next_inputs
+        mid = tuple(f for _, files in self.middle for f in files)
+        return self.inputs + mid + self.next_inputs
+
+    def deletions(self) -> list[tuple[int, int]]:
+        """(level, file number) of every input, for the VersionEdit."""
+        out = [(self.level, f.number) for f in self.inputs]
+        out += [(lv, f.number) for lv, files in self.middle for f in files]
+        out += [(self.output_level, f.number) for f in self.next_inputs]
+        return out
 
     @property
     def smallest(self) -> bytes:
@@ -122,6 +133,46 @@ def level_task(levels, level: int, *, reason: str, score: float = 0.0,
                           trivial, reason, score)
 
 
+def full_compaction_level(version, options) -> int:
+    """Where a manual full compaction puts everything: the deepest level holding data, or
+    deeper if needed so that the data fits that level's target (so that the result needs no
+    further automatic compaction); at least L1."""
+    levels = _levels_of(version)
+    deepest = max([n for n in range(NUM_LEVELS) if levels[n]] or [1])
+    total = sum(level_bytes(files) for files in levels)
+    out = max(deepest, 1)
+    while out < NUM_LEVELS - 1 and total > options.max_bytes_for_level(out):
+        out += 1
+    return out
+
+
+def full_task(version, options) -> CompactionTask | None:
+    """A manual full compaction: every table above the output level (see
+    :func:`full_compaction_level`) merged with the output level's tables into that level, in
+    one pass (each entry is rewritten once). None when there is nothing above it."""
+    levels = _levels_of(version)
+    out = full_compaction_level(levels, options)
+    above = [n for n in range(out) if levels[n]]
+    if not above:
+        return None
+    first = above[0]
+    inputs = tuple(levels[first])
+    middle = tuple((n, tuple(levels[n])) for n in above[1:])
+    files = inputs + tuple(f for _, fs in middle for f in fs)
+    lo = min(f.smallest for f in files)
+    hi = max(f.largest for f in files)
+    nxt = tuple(overlapping(levels[out], lo, hi))
+    trivial = first > 0 and len(files) == 1 and not nxt
+    if trivial:
+        return CompactionTask(first, out, inputs, (), is_bottommost(levels, out, lo, hi), True,
+                              "manual", 0.0)
+    if nxt:
+        lo = min(lo, nxt[0].smallest)
+        hi = max(hi, nxt[-1].largest)
+    return CompactionTask(first, out, inputs, nxt, is_bottommost(levels, out, lo, hi), False,
+                          "manual", 0.0, middle)
+
+
 def _pick_one_file(levels, level: int, options, score: float) -> CompactionTask:
     nxt_files = levels[level + 1]
     best = None
@@ -141,7 +192,8 @@ def apply(version, task: CompactionTask, outputs: Sequence) -> tuple[tuple, ...]
     """
     levels = [list(lv) for lv in _levels_of(version)]
     gone = {f.number for f in task.all_inputs}
-    levels[task.level] = [f for f in levels[task.level] if f.number not in gone]
+    for n in range(task.level, task.output_level):
+        levels[n] = [f for f in levels[n] if f.number not in gone]
     out_level = [f for f in levels[task.output_level] if f.number not in gone]
     out_level.extend(outputs)
     if task.output_level > 0:

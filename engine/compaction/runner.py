@@ -48,10 +48,8 @@ def run(task: CompactionTask, *, version, tables, fs, dirname: str, options, tab
     which its inputs are still live). ``tables`` is the DB's TableSet; ``table_options`` the
     TableOptions for the outputs (filters sized for the output level)."""
     edit = VersionEdit()
-    for f in task.inputs:
-        edit.delete_file(task.level, f.number)
-    for f in task.next_inputs:
-        edit.delete_file(task.output_level, f.number)
+    for level, number in task.deletions():
+        edit.delete_file(level, number)
     if task.trivial_move:
         for f in task.inputs:
             edit.add_file(task.output_level, f)
@@ -60,6 +58,8 @@ def run(task: CompactionTask, *, version, tables, fs, dirname: str, options, tab
         sources = [_table_entries(tables.get(f.number)) for f in task.inputs]
     else:
         sources = [_level_entries([tables.get(f.number) for f in task.inputs])]
+    for _level, files in task.middle:
+        sources.append(_level_entries([tables.get(f.number) for f in files]))
     if task.next_inputs:
         sources.append(_level_entries([tables.get(f.number) for f in task.next_inputs]))
     merged = merge_runs_batched(sources)
