@@ -16,7 +16,12 @@ Targets: classic Bloom at 10 bits/key within 5% of 0.82%; blocked Bloom at 10 bi
 0.96%. One million absent keys measure a 0.96% rate to +-0.02 points (95%), so the targets are
 judged on --target-seeds filters pooled (independent keys per seed).
 
-Run: python3 bench/filters_fpr.py [--keys 1000000] [--absent 1000000] [--seed 1]
+--schemes adds a numpy simulation, on the same keys, of other ways to place a key's k probes in
+its line: the first k candidate words with repeats allowed ("independent", the textbook
+model), and RocksDB's (top 9 bits of h2 * 0x9e3779b9^i); the simulation of our own scheme
+(the first k distinct candidates) is first checked to build the product's bytes.
+
+Run: python3 bench/filters_fpr.py [--keys 1000000] [--absent 1000000] [--seed 1] [--schemes]
 """
 
 from __future__ import annotations
@@ -121,13 +126,85 @@ def page_partitions(keys, absent, bpk: float) -> list[dict]:
     return rows
 
 
+PHI32 = 0x9E3779B9
+
+
+def scheme_positions(digests: bytes, extra: bytes, num_lines: int, k: int, scheme: str):
+    """(bit index of each key's line start, [k arrays of bit positions in the line]) for one of
+    the in-line probe schemes compared by --schemes (all with our line choice). ``digests``
+    and ``extra`` are the keys' seed-0 and seed-1 digests."""
+    u32 = np.frombuffer(digests, dtype="<u4").reshape(-1, 4)
+    line = ((u32[:, 0].astype(np.uint64) * np.uint64(num_lines)) >> np.uint64(32)).astype(np.int64)
+    last = line == num_lines - 1
+    words = np.frombuffer(digests, dtype="<u2").reshape(-1, 8)[:, 2:].astype(np.int64)
+    if scheme == "independent":  # the first k candidates, repeats allowed
+        pos = [np.where(last, words[:, i] % 480, words[:, i] & 511) for i in range(k)]
+    elif scheme == "rocksdb":  # FastLocalBloomImpl: top 9 bits of h2 * 0x9e3779b9^i
+        h2 = u32[:, 1].astype(np.uint64)
+        pos = [((h2 * np.uint64(pow(PHI32, i, 1 << 32))) & np.uint64(0xFFFFFFFF)) >> np.uint64(23) for i in range(k)]
+        pos = [np.where(last, p.astype(np.int64) * 480 >> 9, p.astype(np.int64)) for p in pos]
+    else:  # "ours" (docs/format.md): the first k distinct of the candidates (14 here)
+        more = np.frombuffer(extra, dtype="<u2").reshape(-1, 8).astype(np.int64)
+        cand = np.concatenate([words, more], axis=1)
+        cand = np.where(last[:, None], cand % 480, cand & 511)
+        chosen = np.zeros((len(line), k), dtype=np.int64)
+        count = np.zeros(len(line), dtype=np.int64)
+        for j in range(cand.shape[1]):
+            c = cand[:, j]
+            seen = ((np.arange(k)[None, :] < count[:, None]) & (chosen == c[:, None])).any(axis=1)
+            rows = np.flatnonzero(~seen & (count < k))
+            chosen[rows, count[rows]] = c[rows]
+            count[rows] += 1
+        if not (count == k).all():
+            raise SystemExit("a key ran out of candidate words")
+        pos = [chosen[:, i] for i in range(k)]
+    return line * 512, pos
+
+
+def compare_schemes(args, policy) -> None:
+    """Simulate in-line probe schemes with numpy on the same keys; ours is first checked to
+    build exactly the product's filter bytes, so the simulation measures what we ship."""
+    from engine.filters.hashing import digest_batch
+
+    k = policy.num_probes
+    totals = {}
+    for seed in range(args.seed, args.seed + args.target_seeds):
+        both = distinct_keys(args.keys + args.absent, seed)
+        k_in, k_out = both[: args.keys], both[args.keys :]
+        product = policy.build(k_in)
+        lines = len(product) // 64
+        d_in, d_out = digest_batch(k_in), digest_batch(k_out)
+        e_in, e_out = digest_batch(k_in, 1), digest_batch(k_out, 1)
+        for scheme in ("ours", "independent", "rocksdb"):
+            bits = np.zeros(lines * 512, dtype=np.bool_)
+            base, pos = scheme_positions(d_in, e_in, lines, k, scheme)
+            for p in pos:
+                bits[base + p] = True
+            if scheme == "ours":
+                sim = np.packbits(bits, bitorder="little").tobytes()
+                if sim[:-4] != product[:-4]:
+                    raise SystemExit("simulation of our scheme differs from policy.build")
+            base, pos = scheme_positions(d_out, e_out, lines, k, scheme)
+            hit = np.ones(len(k_out), dtype=np.bool_)
+            for p in pos:
+                hit &= bits[base + p]
+            t = totals.setdefault(scheme, [0, 0])
+            t[0] += int(hit.sum())
+            t[1] += len(k_out)
+    for scheme, (fp, trials) in totals.items():
+        lo, hi = interval(fp, trials)
+        print(f"  {scheme:<12} {100 * fp / trials:.4f}% (95% interval {100 * lo:.4f}-{100 * hi:.4f}%)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--absent", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--check-every", type=int, default=10, help="check every Nth inserted key matches")
-    ap.add_argument("--target-seeds", type=int, default=4, help="filters pooled for the 10 bits/key targets")
+    ap.add_argument("--target-seeds", type=int, default=8, help="filters pooled for the 10 bits/key targets")
+    ap.add_argument("--schemes", action="store_true",
+                    help="also simulate other in-line probe schemes at 10 bits/key (numpy)")
     args = ap.parse_args()
 
     both = distinct_keys(args.keys + args.absent, args.seed)
@@ -172,6 +249,11 @@ def main() -> int:
             target = f"model {100 * model:.4f}%, ratio {fp / trials / model:.3f}; target <= 0.96%"
         print(f"  {name}: {100 * fp / trials:.4f}% (95% interval {100 * lo:.4f}-{100 * hi:.4f}%; {target}):"
               f" {'MET' if ok else 'MISSED'}\n    per filter: {seeds}")
+    if args.schemes:
+        policy = get_policy("blocked-bloom", 10)
+        print(f"\nBlocked Bloom in-line probe schemes at 10 bits/key, k={policy.num_probes}, same keys, pooled "
+              f"over {args.target_seeds} filters (numpy simulation; 'ours' checked equal to policy.build):")
+        compare_schemes(args, policy)
     return 0
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import mmap
 import random
+import struct
 
+import mmh3
 import pytest
 
 from engine.errors import InvalidArgumentError, SieveError
@@ -191,7 +193,7 @@ def test_classic_bits_follow_double_hashing():
     key = b"some key"
     data = p.build([key], size_bytes=100)  # m = 96 * 8 bits
     m = 96 * 8
-    h = int.from_bytes(__import__("mmh3").mmh3_x64_128_digest(key), "little")
+    h = int.from_bytes(mmh3.mmh3_x64_128_digest(key), "little")
     h1, h2 = h & (2**64 - 1), h >> 64
     expected = {(h1 + i * h2) % m for i in range(7)}
     got = {j for j in range(m) if data[j >> 3] >> (j & 7) & 1}
@@ -375,3 +377,28 @@ def test_length_check_guards_the_reference_decoder(name):
     assert all(REFERENCE[name](data, k) for k in absent)
     other = get_policy(name, 10, num_probes=p.num_probes + 1)
     assert all(other.may_match(data, k) for k in absent)
+
+
+def test_blocked_repeated_candidates_take_the_next_distinct_bit():
+    """A key whose first k candidate words repeat a bit uses the next candidates; the fast
+    probe (which tests the first k) must then defer to the reference, both ways."""
+    p = get_policy("blocked-bloom", 10)
+    lines = 8
+
+    def first_six(key):  # the first six candidates, for a key outside the last line
+        return [w & 511 for w in struct.unpack("<6H", mmh3.mmh3_x64_128_digest(key)[4:])]
+
+    key = next(
+        k for k in rand_keys(5000, 30)
+        if len(set(first_six(k))) < 6 and blocked_bloom.probe_positions(k, lines, 6)[0] != lines - 1
+    )  # fmt: skip
+    line, positions = blocked_bloom.probe_positions(key, lines, 6)
+    assert len(set(positions)) == 6 and set(first_six(key)) < set(positions)
+    data = bytearray(p.build([key], size_bytes=64 * lines))
+    assert p.may_match(data, key)
+    # clear the bit of its sixth distinct position: the first six candidates all still test
+    # set bits, so only the distinctness check can say "absent"
+    q = positions[-1]
+    data[line * 64 + (q >> 3)] &= ~(1 << (q & 7))
+    assert p.may_match(data, key) is False
+    assert blocked_bloom.probe_reference(data, key) is False

@@ -7,11 +7,12 @@ Layout (docs/format.md, "Filter encodings", "Blocked Bloom"): L >= 1 lines of 64
 (``build(keys, size_bytes=4096)`` fills one page, metadata included).
 
 Probe positions of a key, from D_s = MurmurHash3_x64_128(key, seed=s) read as little-endian
-words: ``line = (u32(D_0[0:4]) * L) >> 32`` (RocksDB's FastRange32); the probe words are the
-six u16 of D_0[4:16], then the eight u16 of D_1, D_2, ... (only as many digests as k needs);
-probe i sets bit ``w_i & 511`` of its line (bit p is bit ``p & 7`` of byte ``p >> 3`` of the
-line) -- except in the last line, where it sets bit ``w_i % 480`` so that the trailer's 32
-bits are never touched.
+words: ``line = (u32(D_0[0:4]) * L) >> 32`` (RocksDB's FastRange32). The key's candidate
+words are the six u16 of D_0[4:16], then the eight u16 of D_1, D_2, ...; each maps to a bit
+of the line, ``w & 511`` (``w % 480`` in the last line, so the trailer's 32 bits are never
+touched); the key's k probes are the first k *distinct* candidates (bit p is bit ``p & 7`` of
+byte ``p >> 3`` of the line). Distinct positions measure ~1.2% lower FPR than k independent
+ones (bench/filters_fpr.py --schemes) and cost a probe nothing on the way to "absent".
 
 k follows RocksDB's FastLocalBloomImpl::ChooseNumProbes (6 at 10 bits/key). Expected FPR:
 :func:`fpr.blocked_fpr` with 512-bit lines.
@@ -53,12 +54,19 @@ def probe_positions(key: bytes, num_lines: int, num_probes: int) -> tuple[int, l
     Builds and probes must agree with this function bit for bit (tests check it).
     """
     x, *words = _FIRST_WORDS(digest(key))
-    for seed in range(1, digests_needed(num_probes)):
-        words.extend(_MORE_WORDS(digest(key, seed)))
     line = x * num_lines >> 32  # "fastrange": x / 2^32 scaled to [0, num_lines)
-    if line == num_lines - 1:
-        return line, [w % layout.LAST_LINE_BITS for w in words[:num_probes]]
-    return line, [w & _LINE_MASK for w in words[:num_probes]]
+    last = line == num_lines - 1
+    chosen: list[int] = []
+    seed = 0
+    while True:
+        for w in words:
+            p = w % layout.LAST_LINE_BITS if last else w & _LINE_MASK
+            if p not in chosen:
+                chosen.append(p)
+                if len(chosen) == num_probes:
+                    return line, chosen
+        seed += 1
+        words = _MORE_WORDS(digest(key, seed))
 
 
 def probe_reference(filter_data, key: bytes) -> bool:
@@ -97,10 +105,19 @@ def _probe_source(k: int) -> str:
     (they stop after ~2 probes; present keys, which need all six, gain ~8% from struct), and
     beats 64K-entry lookup tables (cache misses) and testing a 512-bit int made from the line
     (slicing + ``int.from_bytes`` cost more than the probes); byte offset and mask come from
-    512-entry tables, a little faster than computing them. A True answer is always safe, so the full trailer check runs only on the way to
-    a False answer; a key whose k bits are all set only confirms the trailer's k (a filter
-    written with more probes must be asked all of them). If the trailer is not exactly ours
-    with this k, the reference decoder answers (any k; True for bad data)."""
+    512-entry tables, a little faster than computing them.
+
+    A True answer is always safe, so the full trailer check runs only on the way to a False
+    answer; a key whose k bits are all set only confirms the trailer's k (a filter written
+    with more probes must be asked all of them). If the trailer is not exactly ours with this
+    k, the reference decoder answers (any k; True for bad data).
+
+    The code tests the key's first k candidates c_0..c_{k-1} in order, not its first k
+    distinct ones. A miss is still exact: a failing c_i differs from every earlier candidate
+    (a repeat tests a bit already found set), so at most i+1 <= k distinct values precede or
+    are c_i, and c_i is one of the key's probes. Only an all-set answer must know the k were
+    distinct; if they were not, the reference decoder (which draws further candidates)
+    answers."""
     miss = (
         f"if n & {layout.LINE_BYTES - 1} or data[{layout.TRAILER_MARKER - layout.TRAILER_SIZE}] != "
         f"{layout.MARKER_BLOCKED} or data[{layout.TRAILER_PROBES - layout.TRAILER_SIZE}] != {k}: "
@@ -120,11 +137,12 @@ def _probe_source(k: int) -> str:
                 if j == 0:
                     out.append(f"{ind}{var} = DIGEST(key, {seed})\n")
             if last_line:
-                out.append(f"{ind}p = ({var} >> {shift} & 0xFFFF) % {layout.LAST_LINE_BITS}\n")
+                out.append(f"{ind}p{i} = ({var} >> {shift} & 0xFFFF) % {layout.LAST_LINE_BITS}\n")
             else:
-                out.append(f"{ind}p = {var} >> {shift} & {_LINE_MASK}\n")
-            out.append(f"{ind}if not data[off + BYTE[p]] & MASK[p]:\n{ind}    {miss}{ind}    return False\n")
+                out.append(f"{ind}p{i} = {var} >> {shift} & {_LINE_MASK}\n")
+            out.append(f"{ind}if not data[off + BYTE[p{i}]] & MASK[p{i}]:\n{ind}    {miss}{ind}    return False\n")
         branches[last_line] = "".join(out)
+    distinct = f" and len({{{', '.join(f'p{i}' for i in range(k))}}}) == {k}" if k > 1 else ""
     return (
         "def may_match(data, key):\n"
         "    h = DIGEST(key)\n"
@@ -135,7 +153,7 @@ def _probe_source(k: int) -> str:
         + branches[False]
         + "        else:\n"
         + branches[True]
-        + f"        return data[{layout.TRAILER_PROBES - layout.TRAILER_SIZE}] == {k} or REFERENCE(data, key)\n"
+        + f"        return data[{layout.TRAILER_PROBES - layout.TRAILER_SIZE}] == {k}{distinct} or REFERENCE(data, key)\n"
         "    except Exception:\n"
         "        return True\n"
     )
@@ -193,19 +211,61 @@ class BlockedBloomFilterPolicy(FilterPolicy):
             first = digest_words(chunk)
             selector = np.ascontiguousarray(first[:, :2]).view("<u4")[:, 0]
             line = ((selector.astype(np.uint64) * lines64) >> np.uint64(32)).astype(np.intp)
-            base = line << np.intp(9)  # line * LINE_BITS
-            in_last = np.flatnonzero(line == num_lines - 1)
-            columns = [first[:, 2 + i] for i in range(min(k, layout.WORDS_FIRST_DIGEST))]
-            for seed in range(1, digests_needed(k)):
-                more = digest_words(chunk, seed)
-                columns += [more[:, j] for j in range(min(layout.WORDS_PER_DIGEST, k - len(columns)))]
-            for words in columns:
-                index = base + (words & np.uint16(_LINE_MASK))
-                if in_last.size:
-                    index[in_last] = base[in_last] + words[in_last] % np.uint16(layout.LAST_LINE_BITS)
-                bits[index] = True
+            in_last = line == num_lines - 1
+            words = [first[:, 2:]] + [digest_words(chunk, seed) for seed in range(1, digests_needed(k))]
+            cand = _candidates(np.concatenate(words, axis=1), in_last)
+            probes = cand[:, :k]
+            repeats = _repeating_rows(probes)  # they take further candidates (~3% at k=6)
+            if repeats.size:
+                probes[repeats] = _first_distinct(chunk, repeats, cand, in_last, k)
+            bits[((line << np.intp(9))[:, None] + probes).ravel()] = True  # line * LINE_BITS
         out = np.packbits(bits, bitorder="little")
         out[-layout.TRAILER_SIZE :] = np.frombuffer(
             layout.TRAILER.pack(k, num_lines % layout.LENGTH_CHECK_MOD, layout.MARKER_BLOCKED), dtype=np.uint8
         )
         return out.tobytes()
+
+
+def _candidates(words: np.ndarray, in_last: np.ndarray) -> np.ndarray:
+    """Candidate words -> bit positions in the line: ``w & 511``, ``w % 480`` in the last line."""
+    cand = (words & np.uint16(_LINE_MASK)).astype(np.intp)
+    last = np.flatnonzero(in_last)
+    if last.size:
+        cand[last] = words[last] % np.uint16(layout.LAST_LINE_BITS)
+    return cand
+
+
+def _repeating_rows(probes: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``probes`` that hold some value twice."""
+    k = probes.shape[1]
+    if k <= 10:  # pairwise column compares beat a row sort for small k
+        repeat = np.zeros(len(probes), dtype=np.bool_)
+        for i in range(1, k):
+            for j in range(i):
+                repeat |= probes[:, i] == probes[:, j]
+        return np.flatnonzero(repeat)
+    ordered = np.sort(probes, axis=1)
+    return np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+
+
+def _first_distinct(keys: list, rows: np.ndarray, cand: np.ndarray, in_last: np.ndarray, k: int) -> np.ndarray:
+    """The first k distinct candidates of ``keys[rows]``, as a ``(len(rows), k)`` array:
+    ``cand[rows]`` first, then the words of further digests while some row has fewer than k
+    distinct values. Vectorised: a stable sort per row finds each value's first occurrence."""
+    stream = cand[rows]
+    sub_keys = [keys[i] for i in rows]
+    last = in_last[rows]
+    seed = digests_needed(k)
+    while True:
+        order = np.argsort(stream, axis=1, kind="stable")
+        ordered = np.take_along_axis(stream, order, axis=1)
+        first = np.ones(ordered.shape, dtype=np.bool_)
+        first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        keep = np.empty_like(first)
+        np.put_along_axis(keep, order, first, axis=1)
+        if (keep.sum(axis=1) >= k).all():
+            break
+        stream = np.concatenate([stream, _candidates(digest_words(sub_keys, seed), last)], axis=1)
+        seed += 1
+    take = keep & (np.cumsum(keep, axis=1) <= k)
+    return stream[take].reshape(len(rows), k)  # row-major: each row's picks in stream order

@@ -46,5 +46,5 @@ LINE_SHIFT = 6  # log2(LINE_BYTES)
 LINE_BITS = LINE_BYTES * 8  # 512
 LAST_LINE_BITS = LINE_BITS - TRAILER_SIZE * 8  # 480: the trailer lives in the last line
 BLOCKED_MAX_PROBES = 30
-WORDS_FIRST_DIGEST = 6  # probe words in digest seed 0 (after the 4-byte line selector)
-WORDS_PER_DIGEST = 8  # probe words in each further digest (seeds 1, 2, ...)
+WORDS_FIRST_DIGEST = 6  # candidate words in digest seed 0 (after the 4-byte line selector)
+WORDS_PER_DIGEST = 8  # candidate words in each further digest (seeds 1, 2, ...)
