@@ -1,6 +1,6 @@
 """gRPC service benchmark: client -> router -> shard, beside the gRPC floor and RocksDB.
 
-    python3 bench/grpc_bench.py [--seconds 1.5] [--rounds 4] [--keys 50000] [--clients 4]
+    python3 bench/grpc_bench.py [--seconds 0.5] [--rounds 10] [--keys 50000] [--clients 4]
 
 Measured in one run, every process on 127.0.0.1, each number the median of ``--rounds``
 interleaved runs of ``--seconds`` (the targets are interleaved so that background load on the
@@ -13,9 +13,13 @@ shared machine hits them alike):
      through the client library ``router.client.Client``;
   3. **RocksDB**: the same router in front of the same shard server serving rocksdict
      (bench/rocks_shard.py), through the same client library;
+- hop isolation (Get, raw stubs): our router in front of the echo shard against the floor,
+  and our shard server (with RocksDB, with engine.DB) alone against the echo shard alone;
+- CPU time per call of client + router + shard together;
 - Get calls/s with ``--clients`` client processes against 1 and 2 router processes
   (SO_REUSEPORT), for the echo floor and for sievekv;
-- MultiGet keys/s when the router splits each batch over 4 shards (informational).
+- MultiGet keys/s when the router splits each batch over 4 shards (informational);
+- bench/grpc_hops.py: each hop's own code timed in-process (where the CPU goes).
 
 Targets: sievekv >= 0.9x the floor for Get/Put, >= 0.7x for MultiGet-100, >= 0.9x RocksDB.
 Every process started here is stopped at the end (also on error or Ctrl-C).
@@ -37,6 +41,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "bench"))
 
 VALUE_BYTES = 100
 MULTIGET_KEYS = 100
@@ -59,13 +64,19 @@ def _client_worker(commands, results):
         cmd = commands.get()
         if cmd is None:
             break
-        address, mode, op, seconds, start_at, nkeys = cmd
+        address, mode, op, seconds, start_at, nkeys, fresh = cmd
+        warmup = 5
+        if fresh and (address, mode) in clients:  # a new connection: SO_REUSEPORT picks anew
+            clients.pop((address, mode))[1]()
         if (address, mode) not in clients:
+            warmup = 50
             if mode == "raw":
-                clients[(address, mode)] = pbg.KVStub(grpc.insecure_channel(address))
+                channel = grpc.insecure_channel(address)
+                clients[(address, mode)] = (pbg.KVStub(channel), channel.close)
             else:
-                clients[(address, mode)] = Client(address, retries=0)
-        c = clients[(address, mode)]
+                client = Client(address, retries=0)
+                clients[(address, mode)] = (client, client.close)
+        c = clients[(address, mode)][0]
         keys = [b"key%08d" % rng.randrange(nkeys) for _ in range(4096)]
         batches = [keys[i:i + MULTIGET_KEYS] for i in range(0, 4096, MULTIGET_KEYS)][:40]
         if mode == "raw":
@@ -87,7 +98,7 @@ def _client_worker(commands, results):
             mget(batches[i % len(batches)])
             return MULTIGET_KEYS
 
-        for i in range(30):  # warm the channel and the code paths
+        for i in range(warmup):  # warm the channel and the code paths
             one(i)
         while time.time() < start_at:
             time.sleep(0.001)
@@ -119,12 +130,12 @@ class Clients:
             p.start()
 
     def run(self, address: str, mode: str, op: str, seconds: float, nkeys: int, count: int = 1,
-            server_pids: tuple[int, ...] = ()) -> tuple[float, float]:
+            server_pids: tuple[int, ...] = (), fresh: bool = False) -> tuple[float, float]:
         """(total rate, CPU seconds per call of clients + ``server_pids``) of ``count`` client
-        processes running ``op`` for ``seconds``."""
-        start_at = time.time() + 0.3 + 0.1 * count
+        processes running ``op`` for ``seconds``; ``fresh``: each client opens a new channel."""
+        start_at = time.time() + (0.3 + 0.1 * count if count > 1 else 0.0)
         for q in self.queues[:count]:
-            q.put((address, mode, op, seconds, start_at, nkeys))
+            q.put((address, mode, op, seconds, start_at, nkeys, fresh))
         before = sum(_cpu(pid) for pid in server_pids)
         got = [self.results.get(timeout=seconds + 120) for _ in range(count)]
         server_cpu = sum(_cpu(pid) for pid in server_pids) - before
@@ -221,8 +232,8 @@ def preload(address: str, nkeys: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=1.5, help="length of one measurement")
-    p.add_argument("--rounds", type=int, default=4, help="interleaved repetitions (median reported)")
+    p.add_argument("--seconds", type=float, default=0.5, help="length of one measurement")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved repetitions (median reported)")
     p.add_argument("--keys", type=int, default=50000, help="keys preloaded into sievekv and RocksDB")
     p.add_argument("--clients", type=int, default=4, help="client processes for the router-count runs")
     args = p.parse_args()
@@ -257,18 +268,40 @@ def main() -> int:
         med = {k: statistics.median(v) for k, v in rates.items()}
         med_cpu = {k: statistics.median(v) for k, v in cpus.items()}
 
+        # hop isolation: our router in front of the echo shard; each shard server alone (one hop)
+        router_echo = servers.router("router-echo", [("echo", echo_shard)])
+        iso_targets = [("floor", echo), ("router", router_echo), ("echo shard", echo_shard),
+                       ("rocks shard", r0), ("engine shard", s0)]
+        iso = {name: [] for name, _ in iso_targets}
+        for _ in range(args.rounds):
+            for name, address in iso_targets:
+                iso[name].append(clients.run(address, "raw", "get", args.seconds, args.keys)[0])
+
         # router processes: several clients against 1 and 2 routers
         echo2_port = _free_port()
         servers.echo("echo-router2-a", forward=echo_shard, port=echo2_port, reuse_port=True)
         echo2 = servers.echo("echo-router2-b", forward=echo_shard, port=echo2_port, reuse_port=True)
         sievekv2 = servers.router("router2", [("s0", s0)], processes=2)
-        scale = {}
-        for _ in range(max(1, args.rounds - 1)):
+        import psutil
+
+        router_procs = {
+            "floor, 2 routers": [psutil.Process(pids["echo-router2-a"]), psutil.Process(pids["echo-router2-b"])],
+            "sievekv, 2 routers": [c for c in psutil.Process(pids["router2"]).children()
+                                   if "spawn_main" in " ".join(c.cmdline())]}
+        scale, spreads = {}, {}
+        psutil.cpu_percent()
+        for _ in range(max(1, args.rounds // 2)):
             for name, address, mode in [("floor, 1 router", echo, "raw"), ("floor, 2 routers", echo2, "raw"),
                                         ("sievekv, 1 router", sievekv, "client"),
                                         ("sievekv, 2 routers", sievekv2, "client")]:
-                scale.setdefault(name, []).append(
-                    clients.run(address, mode, "get", args.seconds, args.keys, count=args.clients)[0])
+                scale.setdefault(name, []).append(clients.run(
+                    address, mode, "get", 2 * args.seconds, args.keys, count=args.clients, fresh=True)[0])
+                if name in router_procs:  # the connections of this run are still open
+                    port = int(address.rsplit(":", 1)[1])
+                    spreads.setdefault(name, []).append("+".join(
+                        str(sum(1 for c in p.net_connections() if c.status == "ESTABLISHED" and c.laddr.port == port))
+                        for p in router_procs[name]))
+        machine_busy = psutil.cpu_percent()
 
         # fan-out: MultiGet split over 4 shards
         fan_shards = [("s0", s0)] + [(f"f{i}", servers.shard(f"f{i}")) for i in range(1, 4)]
@@ -297,16 +330,26 @@ def main() -> int:
         print(f"{label:<22}{f:>11,.0f}{s:>10,.0f}{r:>10,.0f}{_ratio(vs_floor):>20}{'>=' + str(floor_target):>7}"
               f"{_ratio(vs_rocks):>20}{'>=0.9':>7}")
     print()
+    pair = lambda a, b: _ratio([x / y for x, y in zip(iso[a], iso[b])])  # noqa: E731
+    print("hop isolation, Get calls/s with raw gRPC stubs (paired ratios as above)")
+    print(f"  our router in front of the echo shard vs the echo floor (2 hops):     {pair('router', 'floor')}")
+    print(f"  our shard server + RocksDB vs the echo shard (1 hop):                 {pair('rocks shard', 'echo shard')}")
+    print(f"  our shard server + engine.DB vs the echo shard (1 hop):               {pair('engine shard', 'echo shard')}")
+    print()
     print("CPU time per call, client + router + shard processes together (less sensitive to other load)")
     print(f"{'operation':<24}{'echo floor':>12}{'sievekv':>12}{'RocksDB':>12}{'sievekv - floor':>17}")
     for op, label, _ in rows:
         f, s, r = (med_cpu[(t, op)] * 1e6 for t in ("floor", "sievekv", "rocksdb"))
         print(f"{label.split()[0] + ' us/call':<24}{f:>12,.0f}{s:>12,.0f}{r:>12,.0f}{s - f:>17,.0f}")
     print()
-    print(f"{args.clients} client processes, Get calls/s (median of {max(1, args.rounds - 1)})")
+    print(f"{args.clients} client processes, Get calls/s (median of {max(1, args.rounds // 2)} runs of "
+          f"{2 * args.seconds:g} s; each run opens new connections, which SO_REUSEPORT spreads by hash,")
+    print("so a run with 2 routers may still put most clients on one of them)")
     med_scale = {k: statistics.median(v) for k, v in scale.items()}
     for name, rate in med_scale.items():
-        print(f"  {name:<22}{rate:>10,.0f}")
+        spread = f"   client connections per router process, by run: {' '.join(spreads[name])}" if name in spreads else ""
+        print(f"  {name:<22}{rate:>10,.0f}{spread}")
+    print(f"  machine CPU busy during these runs (all processes, ours and others'): {machine_busy:.0f}%")
     paired = lambda a, b: _ratio([x / y for x, y in zip(scale[a], scale[b])])  # noqa: E731
     print(f"  sievekv / floor, 1 router: {paired('sievekv, 1 router', 'floor, 1 router')}; "
           f"2 routers: {paired('sievekv, 2 routers', 'floor, 2 routers')}")
@@ -315,6 +358,10 @@ def main() -> int:
     print()
     print(f"MultiGet-100 split over 4 shards by one router: {fan_rate:,.0f} keys/s "
           f"({fan_rate / med[('sievekv', 'mget')]:.2f}x the one-shard figure)")
+    print()
+    from grpc_hops import print_hop_costs
+
+    print_hop_costs(args.keys)
     print(f"total run time {time.monotonic() - t_start:.0f} s; all processes stopped")
     return 0
 
