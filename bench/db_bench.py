@@ -185,9 +185,19 @@ class PeakRSS:
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
+    def rss(self) -> int:
+        """This process and its children (sievekv's table workers) together."""
+        total = self._p.memory_info().rss
+        for c in self._p.children(recursive=True):
+            try:
+                total += c.memory_info().rss
+            except Exception:  # noqa: BLE001 - a child that just exited
+                pass
+        return total
+
     def _run(self):
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._p.memory_info().rss)
+            self.peak = max(self.peak, self.rss())
 
     def __enter__(self):
         self._t.start()
@@ -196,7 +206,7 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, self._p.memory_info().rss)
+        self.peak = max(self.peak, self.rss())
 
 
 def chunked_rate(fn, items, chunks: int = 5) -> tuple[float, float]:
@@ -282,6 +292,7 @@ def run_child(engine_name: str, args) -> dict:
                 "write_stall_s": st["write_stall"]["total_seconds"],
                 "compactions": st["compactions"], "flushes": st["flushes"],
                 "compaction_bytes_written": st["compaction_bytes_written"],
+                "worker_jobs": st["table_workers"]["jobs_in_process"],
                 "levels": [(lv["level"], lv["tables"]) for lv in st["levels"] if lv["tables"]]}
         eng.close()
 
@@ -398,9 +409,10 @@ def report(results: dict, args) -> None:
     for label, key, fmt in (("fill seconds", "fillrandom_s", "{:.1f}"),
                             ("settle (flush+compact) s", "settle_s", "{:.1f}"),
                             ("reopen seconds", "open_s", "{:.3f}"),
-                            ("peak RSS during fill MiB", "peak_rss_mib", "{:.0f}"),
+                            ("peak RSS during fill MiB *", "peak_rss_mib", "{:.0f}"),
                             ("RSS growth during fill MiB", "rss_growth_mib", "{:.0f}")):
         print(f"{label:<28}" + "".join(f"{fmt.format(results[n][key]):>14}" for n in names))
+    print("* the engine's process and its child processes (sievekv's table workers)")
     s = results.get("sievekv")
     if s:
         print()
@@ -415,7 +427,8 @@ def report(results: dict, args) -> None:
         fs = s["sievekv_fill_stats"]
         print(f"  fill: {fs['flushes']} flushes, {fs['compactions']} compactions "
               f"({fs['compaction_bytes_written'] / MiB:.0f} MiB written), write stalls "
-              f"{fs['write_stall_s']:.2f} s; levels after settle (level, tables): {fs['levels']}")
+              f"{fs['write_stall_s']:.2f} s; {fs['worker_jobs']} jobs ran in table worker processes;"
+              f" levels after settle (level, tables): {fs['levels']}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import time
 from . import filenames
 from .block_cache import BlockCache
 from .compaction import full_task, pick
-from .compaction import run as run_compaction
+from .compaction import compaction_job, execute, max_outputs, plan
 from .errors import (ClosedError, InvalidArgumentError, SieveError, StorageIOError)
 from .filter_cap import FilterCap
 from .filter_plan import bits_for_new_table, is_last_level, table_options
@@ -55,9 +55,10 @@ from .read_state import ReadState
 from .iterators import live_items, merge_newest
 from .recovery import recover
 from .table_set import TableSet
-from .table_writer import Cancelled, write_tables
+from .table_workers import WorkerLost, shared_pool
+from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
 from .version_edit import VersionEdit
-from .vfs import default_fs
+from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
 from . import reports
 
@@ -92,6 +93,7 @@ class DB:
         self._version_lock = threading.Lock()
         self._compaction_lock = threading.Lock()
         self._gc = GroupCommit(self._mu)
+        self._gc_queue = self._gc.queue  # read by the fast path: empty = no writer active
         self._rs: ReadState | None = None
         self._closing = False
         self._bg_error: BaseException | None = None
@@ -107,6 +109,9 @@ class DB:
         self.block_cache = BlockCache(opts.block_cache_bytes) if opts.block_cache_bytes else None
         self.filter_cap = FilterCap(opts.filter_memory_cap)
         self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap)
+        # Worker processes need the real file system (a test fs cannot cross processes).
+        self._pool = (shared_pool(opts.table_workers)
+                      if opts.table_workers > 0 and type(fs) is FileSystem else None)
         state = recover(fs, path, opts)
         self._lock_file = state.lock
         self._manifest: Manifest = state.manifest
@@ -135,6 +140,8 @@ class DB:
                 return
             self._closing = True
             self._bg_cv.notify_all()
+        if self._pool is not None:
+            self._pool.cancel(self)  # a job in a worker stops now; its files are removed below
         for t in self._threads:
             t.join()
         with self._compaction_lock:  # a manual compact() sees _closing and stops
@@ -147,7 +154,10 @@ class DB:
                 self._mu.acquire()
             rs, self._rs = self._rs, None
             log = self._log
+            leftovers = [n for n in self._pending_outputs if n not in self._version.live_numbers()]
         del rs
+        for n in leftovers:  # outputs of cancelled jobs (never named by the manifest)
+            self._remove_file(filenames.table_file_name(self.path, n))
         try:
             if not self._log_broken and self._bg_error is None:
                 log.sync()
@@ -243,10 +253,7 @@ class DB:
             key = self._check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = self._check_value(value)
-        if self._closing:
-            raise ClosedError("DB is closed")
-        self._gc.write([(KIND_VALUE, key, value)], self._sync if sync is None else bool(sync),
-                       len(key) + len(value), self._commit)
+        self._write([(KIND_VALUE, key, value)], len(key) + len(value), sync)
 
     def delete(self, key: bytes, sync: bool | None = None) -> None:
         """Delete ``key`` (a tombstone; deleting an absent key is not an error)."""
@@ -281,9 +288,38 @@ class DB:
             raise ClosedError("DB is closed")
 
     def _write(self, ops: list, nbytes: int, sync) -> None:
+        if sync is None:
+            sync = self._sync
+        if not sync:
+            # Fast path for an unsynced write when no other writer is queued or writing and
+            # no memtable switch or stall is due: log and apply it under the mutex, skipping
+            # the group-commit queue (other writers wait on the mutex meanwhile). A synced
+            # write always queues, so that concurrent synced writers share one fsync.
+            mu = self._mu
+            mu.acquire()
+            try:
+                if (not self._gc_queue and not self._log_broken and self._bg_error is None
+                        and not self._closing
+                        and self._mem.approximate_bytes < self._memtable_bytes
+                        and len(self._version.levels[0]) < self._l0_slowdown):
+                    seq = self._last_seq + 1
+                    payload = encode_batch(seq, ops)
+                    self._last_seq = seq + len(ops) - 1  # burnt even if the append fails
+                    try:
+                        self._log.add_record(payload)
+                    except BaseException:
+                        self.counters.log_errors += 1
+                        self._log_broken = True  # the next write switches to a new log
+                        raise
+                    self._mem.add(seq, ops)
+                    self._writes += 1
+                    self._write_groups += 1
+                    return
+            finally:
+                mu.release()
         if self._closing:
             raise ClosedError("DB is closed")
-        self._gc.write(ops, self._sync if sync is None else bool(sync), nbytes, self._commit)
+        self._gc.write(ops, bool(sync), nbytes, self._commit)
 
     def _commit(self, group) -> None:
         """Group-commit leader: log, sync, apply. REQUIRES: self._mu held (released for I/O)."""
@@ -442,10 +478,19 @@ class DB:
         t0 = time.perf_counter()
         levels = self._version.levels
         bits = bits_for_new_table(self.options, levels, 0, len(mem))
-        metas = write_tables(self._fs, self.path, [list(mem.items())],
-                             new_number=self._manifest.new_file_number,
-                             table_options=table_options(self.options, bits),
-                             on_number=self._reserve)
+        topts = table_options(self.options, bits)
+        entries = list(mem.items())
+        metas = None
+        numbers: list[int] = []
+        if self._pool is not None:
+            numbers = [self._manifest.new_file_number()]
+            for n in numbers:
+                self._reserve(n)
+            metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
+        if metas is None:
+            metas = write_tables(self._fs, self.path, [entries],
+                                 new_number=self._manifest.new_file_number,
+                                 table_options=topts, on_number=self._reserve)
         with self._version_lock:
             with self._mu:
                 i = self._frozen.index(mem)
@@ -464,7 +509,25 @@ class DB:
                 self.counters.flush_bytes += sum(m.size for m in metas)
                 self.counters.flush_s += time.perf_counter() - t0
                 self._bg_cv.notify_all()
+        self._unreserve(numbers)
         self._unreserve(m.number for m in metas)
+
+    def _in_worker(self, numbers, fn, *args):
+        """Run a table-writing job in a worker process. Returns None when the caller should
+        run it in this thread instead (the worker died, or the job ran out of numbers);
+        raises Cancelled if the DB is closing, or the job's own error."""
+        try:
+            return self._pool.call(self, fn, *args)
+        except WorkerLost:
+            for n in numbers:  # a killed worker may leave a partial table behind
+                self._remove_file(filenames.table_file_name(self.path, n))
+            if self._closing:
+                raise Cancelled() from None
+            self.counters.worker_fallbacks += 1
+            return None
+        except NumbersExhausted:
+            self.counters.worker_fallbacks += 1
+            return None
 
     def _reserve(self, number: int) -> None:
         with self._mu:
@@ -518,11 +581,17 @@ class DB:
         last = task.bottommost and is_last_level(levels, task.output_level)
         bits = bits_for_new_table(self.options, levels, task.output_level, new_entries,
                                   removed, last_level=last)
-        result = run_compaction(
-            task, version=version, tables=self._tables, fs=self._fs, dirname=self.path,
-            options=self.options, table_options=table_options(self.options, bits),
-            new_number=self._manifest.new_file_number, on_number=self._reserve,
-            should_stop=lambda: self._closing)
+        job = plan(task, version, self.options, table_options(self.options, bits), self.path)
+        result = None
+        if self._pool is not None and not task.trivial_move:
+            job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
+            for n in job.numbers:
+                self._reserve(n)
+            result = self._in_worker(job.numbers, compaction_job, job)
+        if result is None:
+            result = execute(job, fs=self._fs, open_table=self._tables.get,
+                             new_number=self._manifest.new_file_number, on_number=self._reserve,
+                             should_stop=lambda: self._closing)
         with self._version_lock:
             new_version = self._manifest.log_and_apply(result.edit)
             with self._mu:
@@ -530,6 +599,7 @@ class DB:
                 self._publish()
                 self.counters.note_compaction(task, result, time.perf_counter() - t0)
                 self._bg_cv.notify_all()
+        self._unreserve(job.numbers)
         self._unreserve(f.number for f in result.outputs)
         if not task.trivial_move:
             for f in task.all_inputs:

@@ -45,6 +45,8 @@ class GroupCommit:
         self._mu = mutex
         self._cv = threading.Condition(mutex)
         self._queue: deque[Writer] = deque()
+        # Read-only for callers holding the mutex: empty means no writer is queued or writing.
+        self.queue = self._queue
         self.max_group_bytes = max_group_bytes
         self.groups = 0
         self.grouped_writes = 0

@@ -51,6 +51,7 @@ class Options:
     level_size_multiplier: float = _opt(10.0, "each level's target is this times the previous one", lo=1.0)
     target_file_size: int = _opt(4 * MiB, "size at which compaction starts a new output table", lo=1)
     max_grandparent_overlap_factor: int = _opt(10, "stop an output table when it overlaps this many target sizes of the next level", lo=1)
+    table_workers: int = _opt(2, "worker processes that write flush and compaction tables off the GIL (0: the DB's own threads; always 0 with a custom fs)", lo=0)
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
     restart_interval: int = _opt(16, "keys between restart points in a data block", lo=1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from .errors import SieveError
 from .filenames import table_file_name
 from .format import KIND_DELETE
 from .sstable import TableBuilder, TableOptions
@@ -28,6 +29,23 @@ SIZE_CHECK_EVERY = 32
 
 class Cancelled(Exception):
     """Raised inside :func:`write_tables` when ``should_stop()`` turns true (DB closing)."""
+
+
+class NumbersExhausted(SieveError):
+    """A job used every file number reserved for it (the caller reruns it in a thread)."""
+
+
+class NumberSupply:
+    """``new_number`` for a job that runs in a worker process: hands out numbers the DB
+    reserved in advance (only the DB's manifest may allocate numbers)."""
+
+    def __init__(self, numbers):
+        self._it = iter(numbers)
+
+    def __call__(self) -> int:
+        for n in self._it:
+            return n
+        raise NumbersExhausted("the file numbers reserved for this job ran out")
 
 
 def meta_from_properties(number: int, file_size: int, props) -> FileMeta:
@@ -144,3 +162,12 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
             except Exception:
                 pass
         raise
+
+
+def flush_job(dirname: str, entries: list, numbers: list, table_options: TableOptions) -> list[FileMeta]:
+    """Worker-process job (engine/table_workers.py): write ``entries`` (sorted) as one table
+    numbered from ``numbers``, on the real file system. Same result as a flush in a thread."""
+    from .vfs import default_fs
+
+    return write_tables(default_fs(), dirname, [entries], new_number=NumberSupply(numbers),
+                        table_options=table_options)

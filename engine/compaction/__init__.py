@@ -1,6 +1,7 @@
 """Leveled compaction: ``picker`` decides (pure), ``runner`` does the I/O."""
 
 from .picker import CompactionTask, apply, full_task, level_task, pick
-from .runner import CompactionResult, run
+from .runner import CompactionJob, CompactionResult, compaction_job, execute, max_outputs, plan
 
-__all__ = ["CompactionTask", "CompactionResult", "pick", "apply", "level_task", "full_task", "run"]
+__all__ = ["CompactionTask", "CompactionJob", "CompactionResult", "pick", "apply", "level_task",
+           "full_task", "plan", "execute", "max_outputs", "compaction_job"]

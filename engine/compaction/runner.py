@@ -1,23 +1,41 @@
 """Running a compaction task: the I/O half (picker.py decides, this reads and writes).
 
-``run(task, ...)`` merges the task's input tables (newest entry per key wins, by sequence
-number), drops tombstones when the task is bottommost, writes output tables cut at
-``target_file_size`` (and at the grandparent-overlap limit), and returns the VersionEdit that
-replaces the inputs by the outputs. A trivial move writes nothing: the edit moves the file one
-level down. The caller applies the edit through the manifest and only then deletes the inputs.
+``plan(task, version, options, table_options)`` turns a task into a picklable
+:class:`CompactionJob`; ``execute(job, ...)`` merges the job's input tables (newest entry per
+key wins, by sequence number), drops tombstones when the task is bottommost, writes output
+tables cut at ``target_file_size`` (and at the grandparent-overlap limit) and returns the
+VersionEdit that replaces the inputs by the outputs. A trivial move writes nothing: the edit
+moves the file one level down. ``execute`` runs in a DB thread or, through
+:func:`compaction_job`, in a worker process (engine/table_workers.py). The caller applies the
+edit through the manifest and only then deletes the inputs.
 
 Thread safety: reads immutable tables and writes only new files; the caller serialises
-compactions (one at a time) and protects the reserved output numbers.
+compactions (one at a time) and protects the output numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..filenames import table_file_name
 from ..iterators import merge_runs_batched
-from ..table_writer import write_tables
+from ..sstable import Table, TableOptions
+from ..table_writer import NumberSupply, write_tables
 from ..version_edit import VersionEdit
 from .picker import NUM_LEVELS, CompactionTask
+
+
+@dataclass
+class CompactionJob:
+    """Everything needed to execute a task, without the DB (picklable)."""
+
+    task: CompactionTask
+    dirname: str
+    grandparents: list
+    target_file_size: int
+    max_grandparent_overlap: int
+    table_options: TableOptions
+    numbers: list = field(default_factory=list)  # reserved output numbers (worker runs)
 
 
 @dataclass
@@ -32,6 +50,26 @@ class CompactionResult:
     entries_out: int = 0
 
 
+def plan(task: CompactionTask, version, options, table_options: TableOptions,
+         dirname: str) -> CompactionJob:
+    grandparents = []
+    if task.output_level + 1 < NUM_LEVELS:
+        grandparents = list(version.levels[task.output_level + 1])
+    return CompactionJob(task, dirname, grandparents, options.target_file_size,
+                         options.max_grandparent_overlap_factor * options.target_file_size,
+                         table_options)
+
+
+def max_outputs(job: CompactionJob) -> int:
+    """An upper bound on the tables ``job`` can write (numbers to reserve for a worker)."""
+    t = job.task
+    size_cuts = t.input_bytes() // max(1, job.target_file_size)
+    lo, hi = t.smallest, t.largest
+    gp_bytes = sum(f.size for f in job.grandparents if not (f.largest < lo or f.smallest > hi))
+    gp_cuts = gp_bytes // max(1, job.max_grandparent_overlap)
+    return 2 * (size_cuts + gp_cuts) + 8
+
+
 def _table_entries(table):
     """All entries of ``table`` without filling the block cache (compaction reads once)."""
     return table.iterate(None, fill_cache=False)
@@ -42,11 +80,10 @@ def _level_entries(tables):
         yield from _table_entries(t)
 
 
-def run(task: CompactionTask, *, version, tables, fs, dirname: str, options, table_options,
-        new_number, on_number=None, should_stop=None) -> CompactionResult:
-    """Execute ``task`` against ``version`` (the version it was picked from or a later one in
-    which its inputs are still live). ``tables`` is the DB's TableSet; ``table_options`` the
-    TableOptions for the outputs (filters sized for the output level)."""
+def execute(job: CompactionJob, *, fs, open_table, new_number, on_number=None,
+            should_stop=None) -> CompactionResult:
+    """Run ``job``; ``open_table(number)`` returns an open Table for an input file."""
+    task = job.task
     edit = VersionEdit()
     for level, number in task.deletions():
         edit.delete_file(level, number)
@@ -55,21 +92,17 @@ def run(task: CompactionTask, *, version, tables, fs, dirname: str, options, tab
             edit.add_file(task.output_level, f)
         return CompactionResult(edit, list(task.inputs))
     if task.level == 0:
-        sources = [_table_entries(tables.get(f.number)) for f in task.inputs]
+        sources = [_table_entries(open_table(f.number)) for f in task.inputs]
     else:
-        sources = [_level_entries([tables.get(f.number) for f in task.inputs])]
+        sources = [_level_entries([open_table(f.number) for f in task.inputs])]
     for _level, files in task.middle:
-        sources.append(_level_entries([tables.get(f.number) for f in files]))
+        sources.append(_level_entries([open_table(f.number) for f in files]))
     if task.next_inputs:
-        sources.append(_level_entries([tables.get(f.number) for f in task.next_inputs]))
-    merged = merge_runs_batched(sources)
-    grandparents = []
-    if task.output_level + 1 < NUM_LEVELS:
-        grandparents = list(version.levels[task.output_level + 1])
+        sources.append(_level_entries([open_table(f.number) for f in task.next_inputs]))
     outputs = write_tables(
-        fs, dirname, merged, new_number=new_number, table_options=table_options,
-        target_file_size=options.target_file_size, grandparents=grandparents,
-        max_grandparent_overlap=options.max_grandparent_overlap_factor * options.target_file_size,
+        fs, job.dirname, merge_runs_batched(sources), new_number=new_number,
+        table_options=job.table_options, target_file_size=job.target_file_size,
+        grandparents=job.grandparents, max_grandparent_overlap=job.max_grandparent_overlap,
         drop_tombstones=task.bottommost, on_number=on_number, should_stop=should_stop)
     for f in outputs:
         edit.add_file(task.output_level, f)
@@ -78,3 +111,24 @@ def run(task: CompactionTask, *, version, tables, fs, dirname: str, options, tab
         entries_in=sum(f.num_entries for f in task.all_inputs),
         entries_out=sum(f.num_entries for f in outputs))
 
+
+def compaction_job(job: CompactionJob) -> CompactionResult:
+    """Worker-process job: execute ``job`` on the real file system with its own table
+    handles (metadata only is read at open; blocks are read once, not cached)."""
+    from ..vfs import default_fs
+
+    fs = default_fs()
+    opened = {}
+
+    def open_table(number: int):
+        t = opened.get(number)
+        if t is None:
+            t = opened[number] = Table.open(fs, table_file_name(job.dirname, number),
+                                            file_number=number)
+        return t
+
+    try:
+        return execute(job, fs=fs, open_table=open_table, new_number=NumberSupply(job.numbers))
+    finally:
+        for t in opened.values():
+            t.close()

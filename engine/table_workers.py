@@ -1,0 +1,262 @@
+"""Worker processes that write tables (flush and compaction outputs) outside the GIL.
+
+Building a table is pure Python CPU work (encoding blocks, hashing keys into filters); in the
+DB's own threads it competes with every get and put for the GIL. RocksDB runs flushes and
+compactions on other cores; so do we, in processes: a :class:`WorkerPool` of spawned Python
+processes that run *jobs* (a picklable top-level function and its arguments, e.g.
+:func:`engine.table_writer.flush_job`, :func:`engine.compaction.runner.compaction_job`) and
+send back the result. The DB then installs the tables exactly as if its own thread had
+written them (the worker fsyncs the tables and the directory before it answers).
+
+Rules:
+
+- One pool per process, shared by every DB of the process, started lazily on the first job.
+  Workers are fresh interpreters (``python -c``, talking over two pipes), never forks:
+  forking a process that runs gRPC threads is unsafe, and unlike multiprocessing's spawn
+  this does not re-import the owner's ``__main__``.
+- Workers die with the process that owns them: each sets ``PR_SET_PDEATHSIG`` (Linux) to
+  SIGKILL, tied to a spawner thread that lives as long as the process. An orphaned worker
+  could otherwise keep writing into a directory that a new DB process has locked and reuses
+  file numbers in.
+- Only the real file system: a test FileSystem (fault injection) cannot cross a process
+  boundary, so the DB runs jobs in its own threads then (option ``table_workers=0`` too).
+- :meth:`WorkerPool.cancel` kills the workers busy with an owner's jobs (DB close): their
+  ``call`` raises :class:`WorkerLost`, and the half-written tables, never named by the
+  manifest, are removed at the next open. A dead worker is replaced on the next call.
+- Errors come back as SieveError subclasses (re-created from the message, errno and path):
+  engine exceptions do not survive pickling as-is.
+
+Thread safety: ``call`` may be made from many threads; each waits for an idle worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from .errors import CorruptionError, InvalidArgumentError, SieveError, StorageIOError
+
+
+class WorkerLost(SieveError):
+    """The worker running a job died or was cancelled; the job's outcome is unknown."""
+
+
+_ERRORS = {"StorageIOError": StorageIOError, "CorruptionError": CorruptionError,
+           "InvalidArgumentError": InvalidArgumentError}
+
+
+def _set_parent_death_signal() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux: fall back on the watchdog below
+        pass
+
+
+def _watchdog(parent: int) -> None:
+    import time
+
+    while True:
+        time.sleep(0.05)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _main(rfd: int, wfd: int, parent: int) -> None:
+    """Entry point of a worker process (see WorkerPool._spawn_one)."""
+    _set_parent_death_signal()
+    if os.getppid() != parent:  # the owner died before the signal was armed
+        os._exit(1)
+    threading.Thread(target=_watchdog, args=(parent,), daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's business
+    conn_in = Connection(rfd, writable=False)
+    conn_out = Connection(wfd, readable=False)
+    while True:
+        try:
+            msg = conn_in.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args = msg
+        try:
+            reply = ("ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+            reply = ("err", type(exc).__name__, str(exc), getattr(exc, "errno", None),
+                     getattr(exc, "path", None), traceback.format_exc())
+        try:
+            conn_out.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+_BOOT = ("import sys; from engine.table_workers import _main; "
+         "_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+
+
+def _spawn_one():
+    """Start one worker: a fresh interpreter importing this package, two pipes."""
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(to_child_r), str(from_child_w), str(os.getpid())],
+            pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
+    except BaseException:
+        for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+            os.close(fd)
+        raise
+    os.close(to_child_r)
+    os.close(from_child_w)
+    return proc, Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
+
+
+class _Worker:
+    def __init__(self, proc, send_conn, recv_conn):
+        self.proc = proc
+        self.send_conn = send_conn
+        self.recv_conn = recv_conn
+        self.owner = None
+
+    def close(self) -> None:
+        for c in (self.send_conn, self.recv_conn):
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+class WorkerPool:
+    """A fixed number of spawned worker processes. See the module docstring."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._cv = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._busy: list[_Worker] = []
+        self._starting = 0
+        self._requests: list = []
+        self._spawner: threading.Thread | None = None
+        self.jobs = 0
+        self.restarts = 0
+
+    # -- spawning (in one long-lived thread, so PDEATHSIG means "the process died") ------------
+    def _spawn_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._requests:
+                    self._cv.wait()
+                self._requests.pop()
+            try:
+                w = _Worker(*_spawn_one())
+            except BaseException:  # noqa: BLE001 - callers fall back to their own threads
+                w = None
+            with self._cv:
+                self._starting -= 1
+                if w is not None:
+                    self._idle.append(w)
+                else:
+                    self.size = max(0, self.size - 1)
+                self._cv.notify_all()
+
+    def _acquire(self, owner) -> _Worker:
+        with self._cv:
+            while True:
+                if self._idle:
+                    w = self._idle.pop()
+                    w.owner = owner
+                    self._busy.append(w)
+                    return w
+                if len(self._busy) + self._starting < self.size:
+                    self._starting += 1
+                    self._requests.append(1)
+                    if self._spawner is None:
+                        self._spawner = threading.Thread(target=self._spawn_loop,
+                                                         name="sievekv-worker-spawner",
+                                                         daemon=True)
+                        self._spawner.start()
+                    self._cv.notify_all()
+                if self.size == 0:
+                    raise WorkerLost("no worker process could be started")
+                self._cv.wait()
+
+    def _release(self, w: _Worker, alive: bool) -> None:
+        with self._cv:
+            self._busy.remove(w)
+            w.owner = None
+            if alive:
+                self._idle.append(w)
+            else:
+                self.restarts += 1
+                w.close()
+            self._cv.notify_all()
+
+    # -- jobs ------------------------------------------------------------------------------
+    def call(self, owner, fn, *args):
+        """Run ``fn(*args)`` in a worker; return its result or raise its error.
+
+        Raises WorkerLost if the worker dies (or is cancelled) before answering.
+        """
+        w = self._acquire(owner)
+        alive = False
+        try:
+            w.send_conn.send((fn, args))
+            reply = w.recv_conn.recv()
+            alive = True
+        except (EOFError, OSError) as exc:
+            w.proc.kill()
+            w.proc.wait()
+            raise WorkerLost(f"table worker died during a job ({exc!r})") from None
+        finally:
+            self._release(w, alive)
+        self.jobs += 1
+        if reply[0] == "ok":
+            return reply[1]
+        _tag, name, message, errno_, path, tb = reply
+        cls = _ERRORS.get(name)
+        if cls is StorageIOError:
+            raise StorageIOError(message, errno_=errno_)
+        if cls is CorruptionError:
+            raise CorruptionError(message)
+        if cls is InvalidArgumentError:
+            raise InvalidArgumentError(message)
+        if name == "NumbersExhausted":
+            from .table_writer import NumbersExhausted
+            raise NumbersExhausted(message)
+        raise SieveError(f"table worker failed: {name}: {message}\n{tb}")
+
+    def cancel(self, owner) -> int:
+        """Kill the workers busy with ``owner``'s jobs; return how many."""
+        with self._cv:
+            victims = [w for w in self._busy if w.owner is owner]
+        for w in victims:
+            w.proc.kill()
+        return len(victims)
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def shared_pool(size: int) -> WorkerPool:
+    """The process-wide pool (created on first use with ``size`` workers; a later, larger
+    ``size`` grows it)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = WorkerPool(size)
+        elif size > _pool.size:
+            with _pool._cv:
+                _pool.size = size
+        return _pool
