@@ -19,6 +19,7 @@ mid-way resumes after the last key it yielded. Writes are not retried: the calle
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -45,13 +46,21 @@ def to_client_error(exc: grpc.RpcError) -> errors.ClientError:
     trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
     if WRITE_RESULT_TRAILER in trailers:
         response = pb.WriteResponse.FromString(trailers[WRITE_RESULT_TRAILER])
-        cls = type("PartialWriteError", (errors.PartialWriteError, errors.class_for(code)), {})
+        cls = _partial(errors.PartialWriteError, errors.class_for(code))
         return cls(code, details, [_shard_write(r) for r in response.shards])
     if ADMIN_RESULT_TRAILER in trailers:
         response = pb.AdminResponse.FromString(trailers[ADMIN_RESULT_TRAILER])
-        cls = type("PartialAdminError", (errors.PartialAdminError, errors.class_for(code)), {})
+        cls = _partial(errors.PartialAdminError, errors.class_for(code))
         return cls(code, details, [_section(s) for s in response.shards])
     return errors.class_for(code)(code, details)
+
+
+@functools.lru_cache(maxsize=None)
+def _partial(partial: type, by_code: type) -> type:
+    """A Partial*Error that is also the class of its status code (e.g. UnavailableError)."""
+    if issubclass(partial, by_code):
+        return partial
+    return type(partial.__name__, (partial, by_code), {})
 
 
 def _shard_write(r) -> errors.ShardWrite:

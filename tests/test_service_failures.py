@@ -246,3 +246,24 @@ def test_corruption_in_a_shard_is_data_loss_naming_the_file(procs, tmp_path):
             c.get(groups[0][0])
         assert tables[0] in info.value.details and "shard s0" in info.value.details
         assert c.multi_get(groups[1]) == [k * 20 for k in groups[1]]  # the other shard is fine
+
+
+def test_startup_errors_exit_1_with_one_line(procs, tmp_path):
+    first = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
+    # the same data directory again: the engine's lock refuses it
+    again = start_shard_process(procs, str(tmp_path / "s0"), name="s0b", wait=False)
+    assert again.popen.wait(30) == 1
+    assert "cannot open" in again.log() and "Traceback" not in again.log()
+    # the same port again: no SO_REUSEPORT on shards, so the bind fails
+    busy = start_shard_process(procs, str(tmp_path / "s1"), name="s1", port=first.port, wait=False)
+    assert busy.popen.wait(30) == 1
+    assert f"cannot listen on 127.0.0.1:{first.port}" in busy.log() and "Traceback" not in busy.log()
+    # an invalid cluster map: the router names the problem
+    bad_map = tmp_path / "bad.toml"
+    bad_map.write_text('[[shards]]\nname = "a"\naddress = "127.0.0.1:1"\nslots = [[0, 100]]\n')
+    router = start_router_process(procs, str(bad_map), wait=False)
+    assert router.popen.wait(30) == 1
+    assert "slots 101-16383 are not assigned to any shard" in router.log()
+    supervisor = start_router_process(procs, str(bad_map), name="router2", processes=2, wait=False)
+    assert supervisor.popen.wait(30) == 1
+    assert "slots 101-16383" in supervisor.log()
