@@ -244,7 +244,7 @@ def _repeating_rows(probes: np.ndarray) -> np.ndarray:
             for j in range(i):
                 repeat |= probes[:, i] == probes[:, j]
         return np.flatnonzero(repeat)
-    ordered = np.sort(probes, axis=1)
+    ordered = np.sort(probes.astype(np.int16), axis=1)
     return np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
 
 
@@ -252,7 +252,7 @@ def _first_distinct(keys: list, rows: np.ndarray, cand: np.ndarray, in_last: np.
     """The first k distinct candidates of ``keys[rows]``, as a ``(len(rows), k)`` array:
     ``cand[rows]`` first, then the words of further digests while some row has fewer than k
     distinct values. Vectorised: a stable sort per row finds each value's first occurrence."""
-    stream = cand[rows]
+    stream = cand[rows].astype(np.int16)  # positions < 512: small sorts are faster
     sub_keys = [keys[i] for i in rows]
     last = in_last[rows]
     seed = digests_needed(k)
@@ -265,7 +265,8 @@ def _first_distinct(keys: list, rows: np.ndarray, cand: np.ndarray, in_last: np.
         np.put_along_axis(keep, order, first, axis=1)
         if (keep.sum(axis=1) >= k).all():
             break
-        stream = np.concatenate([stream, _candidates(digest_words(sub_keys, seed), last)], axis=1)
+        more = _candidates(digest_words(sub_keys, seed), last).astype(np.int16)
+        stream = np.concatenate([stream, more], axis=1)
         seed += 1
     take = keep & (np.cumsum(keep, axis=1) <= k)
     return stream[take].reshape(len(rows), k)  # row-major: each row's picks in stream order
