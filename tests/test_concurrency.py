@@ -85,10 +85,13 @@ def test_threads_read_write_scan_during_compactions(tmp_path):
     for m in finals:
         model.update(m)
     st = db.stats()
-    assert st["flushes"] > 0 and st["compactions"] > 0 and st["failed"] is None
+    # Flushes happened while the threads ran (writers wait for them once two memtables are
+    # frozen); compactions run asynchronously (in worker processes) and may still be going.
+    assert st["flushes"] > 0 and st["failed"] is None
     assert st["write_groups"] <= st["writes"]
     assert list(db.scan()) == sorted(model.items())
     db.compact()
+    assert db.stats()["compactions"] > 0
     assert list(db.scan()) == sorted(model.items())
     db.close()
     with DB.open(tmp_path / "db", **OPTS) as db:
