@@ -30,64 +30,60 @@ from .iterators import concat_tables
 class ReadState:
     """Sources of one moment. Build with :meth:`build`; see the module docstring."""
 
-    __slots__ = ("mem", "frozen", "version", "l0", "levels", "numbers", "_older",
-                 "__weakref__")
+    __slots__ = ("mem", "mem_get", "frozen", "version", "l0", "levels", "numbers", "older",
+                 "lookup", "__weakref__")
 
     @classmethod
-    def build(cls, mem, frozen: tuple, version, tables) -> "ReadState":
+    def build(cls, mem, frozen: tuple, version, tables, sentinel: bytes) -> "ReadState":
         """Capture ``mem``, ``frozen`` (newest first) and the tables of ``version``.
 
-        ``tables`` is the DB's :class:`engine.table_set.TableSet`.
+        ``tables`` is the DB's :class:`engine.table_set.TableSet`; ``sentinel`` a key greater
+        than any valid key (it ends each level's bisect lists, so a lookup needs no bounds
+        check).
         """
         rs = cls()
         rs.mem = mem
+        rs.mem_get = mem.get
         rs.frozen = tuple(frozen)
         rs.version = version
         levels = version.levels
         rs.l0 = tuple(tables.get(f.number) for f in levels[0])
         lv = []
+        lookup = []
         for files in levels[1:]:
             if files:
                 ts = [tables.get(f.number) for f in files]
-                lv.append(([f.largest for f in files], [f.smallest for f in files],
-                           [t.get for t in ts], ts))
+                largests = [f.largest for f in files]
+                smallests = [f.smallest for f in files]
+                lv.append((largests, smallests, [t.get for t in ts], ts))
+                lookup.append((largests + [sentinel], smallests + [sentinel],
+                               tuple(t.get for t in ts)))
         rs.levels = tuple(lv)
+        # For DB.get, bound once: the lookups below the active memtable (frozen memtables,
+        # L0 tables), then per level (largest keys, smallest keys, table gets).
+        rs.older = tuple([m.get for m in rs.frozen] + [t.get for t in rs.l0])
+        rs.lookup = tuple(lookup)
         numbers = tuple(f.number for files in levels for f in files)
         rs.numbers = numbers
-        # Lookups below the active memtable, bound once: frozen, L0, then per level.
-        older = [m.get for m in rs.frozen]
-        older.extend(t.get for t in rs.l0)
-        rs._older = tuple(older)
         tables.ref(numbers)
         weakref.finalize(rs, tables.unref, numbers)
         return rs
 
     def find(self, key: bytes):
-        """The newest entry ``(seq, kind, value)`` for ``key`` in any source, or None."""
-        e = self.mem.get(key)
+        """The newest entry ``(seq, kind, value)`` for ``key`` in any source, or None.
+
+        (DB.get inlines the same loop for speed; keep them in step.)
+        """
+        e = self.mem_get(key)
         if e is not None:
             return e
-        for get in self._older:
+        for get in self.older:
             e = get(key)
             if e is not None:
                 return e
-        for largests, smallests, gets, _ts in self.levels:
+        for largests, smallests, gets in self.lookup:
             i = bisect_left(largests, key)
-            if i < len(largests) and smallests[i] <= key:
-                e = gets[i](key)
-                if e is not None:
-                    return e
-        return None
-
-    def find_older(self, key: bytes):
-        """Like :meth:`find` but skipping the active memtable (the caller already looked)."""
-        for get in self._older:
-            e = get(key)
-            if e is not None:
-                return e
-        for largests, smallests, gets, _ts in self.levels:
-            i = bisect_left(largests, key)
-            if i < len(largests) and smallests[i] <= key:
+            if smallests[i] <= key:
                 e = gets[i](key)
                 if e is not None:
                     return e
