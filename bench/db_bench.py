@@ -1,8 +1,8 @@
 """db_bench for engine.DB beside RocksDB (rocksdict) and LevelDB (plyvel), same run, same data.
 
 Workloads (db_bench names), on --keys random 16-byte keys with 100-byte random values and
-10 filter bits per key in every engine, no compression anywhere, 8 MiB memtables, 8 MiB
-block caches, no fsync per write:
+10 filter bits per key in every engine, no compression anywhere, --memtable-mib memtables
+(write buffers) and 8 MiB block caches, no fsync per write:
 
   fillrandom   put every key once, in random order (time until the last put returns; flushes
                and compactions run in the background and slow the puts down when they fall
@@ -11,14 +11,22 @@ block caches, no fsync per write:
   readmissing  get --reads keys that are not in the DB
   seekrandom   --seeks times: seek to a random key and read the next 100 entries
 
-Also printed for sievekv: data blocks read per missing-key get per table whose key range
-covers the key, peak RSS during the fill (each engine runs in its own process), and the
-resident filter bytes (measured by the OS) right after open and after --reads random gets.
+How it is measured (the machine is shared and its load moves a lot, so the comparison is
+built to resist that):
+- Each engine fills its DB in its own fresh process (peak RSS of that process and its
+  children, i.e. sievekv's table workers, is sampled every 20 ms). With --fill-rounds N the
+  fills are repeated in alternating engine order and the median is kept.
+- The read phases run in one process holding all the DBs open, interleaved: each phase is cut
+  into 10 chunks and every chunk is run on every engine back to back (rotating which engine
+  goes first), so all engines see the same load. The ratio printed is the median over chunks
+  of (sievekv rate / RocksDB rate); the ops/s columns are each engine's median chunk.
 
-Each engine runs in a fresh child process; read phases report the median of 5 equal chunks
-(the machine is shared, the median resists other loads); ratios are sievekv / RocksDB.
+Also printed for sievekv: data blocks read per missing-key get per table whose key range
+covers the key, and the resident filter bytes (measured by the OS) right after open and after
+--reads random gets.
 
 Run:  python3 bench/db_bench.py [--keys N] [--reads N] [--seeks N] [--engines a,b,c]
+                                [--memtable-mib M] [--fill-rounds R]
       python3 bench/db_bench.py --keys 100000 --profile fillrandom   # cProfile one phase
 """
 
@@ -44,6 +52,9 @@ VALUE_SIZE = 100
 BITS = 10
 ENGINES = ("sievekv", "rocksdb", "leveldb")
 PHASES = ("fillrandom", "readrandom", "readmissing", "seekrandom")
+READ_PHASES = PHASES[1:]
+MEMTABLE = 8 * MiB  # set from --memtable-mib
+CHUNKS = 10
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +88,7 @@ class Sievekv:
     def open(self, path):
         import engine
 
-        self.db = engine.DB.open(path, memtable_bytes=8 * MiB, block_cache_bytes=8 * MiB,
+        self.db = engine.DB.open(path, memtable_bytes=MEMTABLE, block_cache_bytes=8 * MiB,
                                  bits_per_key=float(BITS))
         self.put = self.db.put
         self.get = self.db.get
@@ -104,7 +115,7 @@ class RocksDB:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_compression_type(DBCompressionType.none())
-        opts.set_write_buffer_size(8 * MiB)
+        opts.set_write_buffer_size(MEMTABLE)
         bbo = BlockBasedOptions()
         bbo.set_bloom_filter(BITS, False)
         bbo.set_block_cache(Cache(8 * MiB))
@@ -150,7 +161,7 @@ class LevelDB:
         import plyvel
 
         self.db = plyvel.DB(path, create_if_missing=True, bloom_filter_bits=BITS,
-                            compression=None, write_buffer_size=8 * MiB,
+                            compression=None, write_buffer_size=MEMTABLE,
                             lru_cache_size=8 * MiB)
         self.put = self.db.put
         self.get = self.db.get
@@ -209,21 +220,6 @@ class PeakRSS:
         self.peak = max(self.peak, self.rss())
 
 
-def chunked_rate(fn, items, chunks: int = 5) -> tuple[float, float]:
-    """Run fn over items in equal chunks; (median chunk ops/s, total seconds)."""
-    size = max(1, len(items) // chunks)
-    rates = []
-    total = 0.0
-    for c in range(0, len(items), size):
-        part = items[c:c + size]
-        t0 = time.perf_counter()
-        fn(part)
-        dt = time.perf_counter() - t0
-        total += dt
-        rates.append(len(part) / dt)
-    return statistics.median(rates), total
-
-
 def _sievekv_filters(db) -> dict:
     rep = db.filter_report()
     return {"resident_filter_bytes": rep["totals"]["resident_bytes"],
@@ -243,176 +239,258 @@ def _covering_tables(db, keys) -> int:
     return n
 
 
-def run_child(engine_name: str, args) -> dict:
+ENGINE_CLASSES = {"sievekv": Sievekv, "rocksdb": RocksDB, "leveldb": LevelDB}
+
+
+def _profiler(args, phase):
+    if args.profile != phase:
+        return None
     import cProfile
+
+    return cProfile.Profile()
+
+
+def _print_profile(prof, title):
     import pstats
 
+    if prof is not None:
+        print(f"--- cProfile: {title}", file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+
+
+def fill_child(engine_name: str, path: str, args) -> dict:
+    """Fill and settle one engine's DB at ``path`` (its own process)."""
     import psutil
 
-    eng = {"sievekv": Sievekv, "rocksdb": RocksDB, "leveldb": LevelDB}[engine_name]()
-    keys, values, missing, read_keys = make_data(args.keys, args.reads)
+    eng = ENGINE_CLASSES[engine_name]()
+    keys, values, _missing, _read_keys = make_data(args.keys, args.reads)
+    gc.collect()
+    gc.freeze()
+    out: dict = {"engine": engine_name}
+    eng.open(path)
+    rss0 = psutil.Process().memory_info().rss
+    prof = _profiler(args, "fillrandom")
+
+    def fill():
+        put = eng.put
+        for i, k in enumerate(keys):
+            put(k, value_for(values, i))
+
+    with PeakRSS() as peak:
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        fill()
+        if prof is not None:
+            prof.disable()
+        out["fillrandom_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        eng.settle()
+        out["settle_s"] = time.perf_counter() - t0
+    out["fillrandom"] = args.keys / out["fillrandom_s"]
+    out["peak_rss_mib"] = peak.peak / MiB
+    out["rss_growth_mib"] = (peak.peak - rss0) / MiB
+    if engine_name == "sievekv":
+        st = eng.db.stats()
+        out["sievekv_fill_stats"] = {
+            "write_stall_s": st["write_stall"]["total_seconds"],
+            "compactions": st["compactions"], "flushes": st["flushes"],
+            "compaction_bytes_written": st["compaction_bytes_written"],
+            "worker_jobs": st["table_workers"]["jobs_in_process"],
+            "levels": [(lv["level"], lv["tables"]) for lv in st["levels"] if lv["tables"]]}
+    eng.close()
+    _print_profile(prof, f"{engine_name} fillrandom")
+    return out
+
+
+def read_child(paths: dict, args) -> dict:
+    """Open every engine's DB and run the read phases interleaved chunk by chunk."""
+    _keys, _values, missing, read_keys = make_data(args.keys, args.reads)
     seek_keys = read_keys[: args.seeks]
     gc.collect()
     gc.freeze()
-    out: dict = {"engine": engine_name, "keys": args.keys}
-    path = tempfile.mkdtemp(prefix=f"dbbench-{engine_name}-", dir=args.dir)
-    prof = cProfile.Profile() if args.profile else None
+    engines = {}
+    out: dict = {name: {} for name in paths}
+    import engine  # noqa: F401 - imports are not part of the reopen time
+    import plyvel  # noqa: F401
+    import rocksdict  # noqa: F401
 
-    def profiled(phase, fn, *a):
-        if prof is not None and args.profile == phase:
-            prof.enable()
-            try:
-                return fn(*a)
-            finally:
-                prof.disable()
-        return fn(*a)
-
-    try:
-        eng.open(path)
-        rss0 = psutil.Process().memory_info().rss
-
-        def fill():
-            put = eng.put
-            for i, k in enumerate(keys):
-                put(k, value_for(values, i))
-
-        with PeakRSS() as peak:
-            t0 = time.perf_counter()
-            profiled("fillrandom", fill)
-            out["fillrandom_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            profiled("settle", eng.settle)
-            out["settle_s"] = time.perf_counter() - t0
-        out["fillrandom"] = args.keys / out["fillrandom_s"]
-        out["peak_rss_mib"] = peak.peak / MiB
-        out["rss_growth_mib"] = (peak.peak - rss0) / MiB
-        if engine_name == "sievekv":
-            st = eng.db.stats()
-            out["sievekv_fill_stats"] = {
-                "write_stall_s": st["write_stall"]["total_seconds"],
-                "compactions": st["compactions"], "flushes": st["flushes"],
-                "compaction_bytes_written": st["compaction_bytes_written"],
-                "worker_jobs": st["table_workers"]["jobs_in_process"],
-                "levels": [(lv["level"], lv["tables"]) for lv in st["levels"] if lv["tables"]]}
-        eng.close()
-
+    for name, path in paths.items():
+        eng = ENGINE_CLASSES[name]()
         t0 = time.perf_counter()
         eng.open(path)
-        out["open_s"] = time.perf_counter() - t0
-        if engine_name == "sievekv":
-            out["after_open"] = _sievekv_filters(eng.db)
+        out[name]["open_s"] = time.perf_counter() - t0
+        engines[name] = eng
+    if "sievekv" in engines:
+        out["sievekv"]["after_open"] = _sievekv_filters(engines["sievekv"].db)
+    names = list(engines)
+    bad = {n: 0 for n in names}
 
-        get = eng.get
-        bad = 0
+    def do_reads(name, part, want_found):
+        get = engines[name].get
+        miss = 0
+        for k in part:
+            if (get(k) is None) == want_found:
+                miss += 1
+        bad[name] += miss
 
-        def readrandom(part):
-            nonlocal bad
-            for k in part:
-                if get(k) is None:
-                    bad += 1
+    def do_seeks(name, part):
+        seek = engines[name].seek_next
+        for k in part:
+            if seek(k, 100) == 0:
+                bad[name] += 1
 
-        out["readrandom"], _ = profiled("readrandom", chunked_rate, readrandom, read_keys)
-        if bad:
-            raise SystemExit(f"{engine_name}: {bad} existing keys not found")
-        if engine_name == "sievekv":
-            out["after_gets"] = _sievekv_filters(eng.db)
-            blocks0 = eng.db.stats()["data_blocks_read"]
-
-        def readmissing(part):
-            nonlocal bad
-            for k in part:
-                if get(k) is not None:
-                    bad += 1
-
-        out["readmissing"], _ = profiled("readmissing", chunked_rate, readmissing, missing)
-        if bad:
-            raise SystemExit(f"{engine_name}: {bad} missing keys found")
-        if engine_name == "sievekv":
-            blocks = eng.db.stats()["data_blocks_read"] - blocks0
-            covering = _covering_tables(eng.db, missing)
-            out["missing_blocks_per_get"] = blocks / len(missing)
-            out["missing_blocks_per_covering_table"] = blocks / covering if covering else None
-            out["missing_covering_tables_per_get"] = covering / len(missing)
-
-        def seekrandom(part):
-            nonlocal bad
-            seek = eng.seek_next
-            for k in part:
-                if seek(k, 100) == 0:
-                    bad += 1
-
-        out["seekrandom"], _ = profiled("seekrandom", chunked_rate, seekrandom, seek_keys)
+    work = {"readrandom": (read_keys, lambda n, p: do_reads(n, p, True)),
+            "readmissing": (missing, lambda n, p: do_reads(n, p, False)),
+            "seekrandom": (seek_keys, do_seeks)}
+    for phase in READ_PHASES:
+        items, fn = work[phase]
+        size = max(1, len(items) // CHUNKS)
+        rates = {n: [] for n in names}
+        if phase == "readmissing" and "sievekv" in engines:
+            blocks0 = engines["sievekv"].db.stats()["data_blocks_read"]
+        prof = _profiler(args, phase)
+        for c, lo in enumerate(range(0, len(items), size)):
+            part = items[lo:lo + size]
+            order = names[c % len(names):] + names[:c % len(names)]
+            for n in order:
+                if prof is not None and n == "sievekv":
+                    prof.enable()
+                t0 = time.perf_counter()
+                fn(n, part)
+                dt = time.perf_counter() - t0
+                if prof is not None and n == "sievekv":
+                    prof.disable()
+                rates[n].append(len(part) / dt)
+        _print_profile(prof, f"sievekv {phase}")
+        for n in names:
+            out[n][phase] = statistics.median(rates[n])
+            out[n][phase + "_chunks"] = rates[n]
+        if "sievekv" in engines and phase == "readrandom":
+            out["sievekv"]["after_gets"] = _sievekv_filters(engines["sievekv"].db)
+        if "sievekv" in engines and phase == "readmissing":
+            db = engines["sievekv"].db
+            blocks = db.stats()["data_blocks_read"] - blocks0
+            covering = _covering_tables(db, missing)
+            out["sievekv"]["missing_blocks_per_get"] = blocks / len(missing)
+            out["sievekv"]["missing_blocks_per_covering_table"] = blocks / covering if covering else None
+            out["sievekv"]["missing_covering_tables_per_get"] = covering / len(missing)
+        if any(bad.values()):
+            raise SystemExit(f"{phase}: wrong answers {bad}")
+    for eng in engines.values():
         eng.close()
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-    if prof is not None:
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # parent: one child per engine, then the table
 # ---------------------------------------------------------------------------------------------
+def _run_child(args, *extra) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--keys", str(args.keys), "--reads",
+           str(args.reads), "--seeks", str(args.seeks), "--memtable-mib", str(args.memtable_mib),
+           *extra]
+    if args.profile:
+        cmd += ["--profile", args.profile]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {extra} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
+    global MEMTABLE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--reads", type=int, default=None, help="gets per read phase (default min(keys, 100000))")
     ap.add_argument("--seeks", type=int, default=None, help="seeks (default min(keys // 10, 10000))")
     ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--memtable-mib", type=int, default=64,
+                    help="memtable / write buffer size of every engine (default 64: RocksDB's)")
+    ap.add_argument("--fill-rounds", type=int, default=1)
     ap.add_argument("--dir", default=None, help="parent directory for the DBs")
-    ap.add_argument("--profile", choices=PHASES + ("settle",), default=None,
-                    help="cProfile this phase of each engine (printed to stderr)")
-    ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", choices=PHASES, default=None,
+                    help="cProfile this phase of sievekv (printed to stderr)")
+    ap.add_argument("--fill-child", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--read-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    MEMTABLE = args.memtable_mib * MiB
     if args.reads is None:
         args.reads = min(args.keys, 100_000)
     if args.seeks is None:
         args.seeks = max(1, min(args.keys // 10, 10_000))
-    if args.child:
-        print(json.dumps(run_child(args.child, args)))
+    if args.fill_child:
+        print(json.dumps(fill_child(args.fill_child[0], args.fill_child[1], args)))
         return
-    results = {}
-    for name in args.engines.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--keys", str(args.keys),
-               "--reads", str(args.reads), "--seeks", str(args.seeks)]
-        if args.dir:
-            cmd += ["--dir", args.dir]
-        if args.profile:
-            cmd += ["--profile", args.profile]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} failed (exit {proc.returncode})")
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    report(results, args)
+    if args.read_child:
+        print(json.dumps(read_child(json.loads(args.read_child), args)))
+        return
+    names = args.engines.split(",")
+    root = tempfile.mkdtemp(prefix="dbbench-", dir=args.dir)
+    try:
+        fills: dict = {n: [] for n in names}
+        paths = {}
+        for r in range(args.fill_rounds):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                path = os.path.join(root, f"{n}-{r}")
+                fills[n].append(_run_child(args, "--fill-child", n, path))
+                if r == args.fill_rounds - 1 or r == 0:
+                    paths[n] = path
+        results = {}
+        for n in names:
+            runs = sorted(fills[n], key=lambda x: x["fillrandom"])
+            results[n] = dict(runs[len(runs) // 2])
+            results[n]["fill_rounds"] = [x["fillrandom"] for x in fills[n]]
+        reads = _run_child(args, "--read-child", json.dumps(paths))
+        for n in names:
+            results[n].update(reads[n])
+        report(results, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ratio(results, phase) -> float | None:
+    s, r = results.get("sievekv"), results.get("rocksdb")
+    if not s or not r:
+        return None
+    if phase == "fillrandom":
+        return s[phase] / r[phase]
+    pairs = [a / b for a, b in zip(s[phase + "_chunks"], r[phase + "_chunks"])]
+    return statistics.median(pairs)
 
 
 def report(results: dict, args) -> None:
-    base = results.get("rocksdb")
     print(f"db_bench: {args.keys:,} keys (16 B random), {VALUE_SIZE} B values, {BITS} bits/key, "
+          f"{args.memtable_mib} MiB memtables, 8 MiB block caches, no compression; "
           f"{args.reads:,} gets per read phase, {args.seeks:,} seeks x 100 next")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f} at the end")
+          f"{os.getloadavg()[0]:.1f} at the end; fill rounds: {args.fill_rounds}")
     names = list(results)
+    have_ratio = "sievekv" in results and "rocksdb" in results
     print()
     print(f"{'workload':<14}" + "".join(f"{n + ' ops/s':>18}" for n in names)
-          + (f"{'sievekv/rocksdb':>18}" if base and "sievekv" in results else ""))
+          + (f"{'sievekv/rocksdb':>18}" if have_ratio else ""))
     targets = {"fillrandom": 0.5, "readrandom": 0.5, "readmissing": 0.25, "seekrandom": None}
     for phase in PHASES:
         row = f"{phase:<14}" + "".join(f"{results[n][phase]:>18,.0f}" for n in names)
-        if base and "sievekv" in results:
-            ratio = results["sievekv"][phase] / base[phase]
+        if have_ratio:
+            ratio = _ratio(results, phase)
             t = targets[phase]
             row += f"{ratio:>17.2f}x" + (f"  (target >= {t}x: {'met' if ratio >= t else 'MISSED'})" if t else "")
         print(row)
+    print("(read phases: each engine's median over 10 interleaved chunks; ratio: median of the "
+          "per-chunk ratios)")
     print()
-    print(f"{'':<28}" + "".join(f"{n:>14}" for n in names))
+    print(f"{'':<30}" + "".join(f"{n:>14}" for n in names))
     for label, key, fmt in (("fill seconds", "fillrandom_s", "{:.1f}"),
                             ("settle (flush+compact) s", "settle_s", "{:.1f}"),
                             ("reopen seconds", "open_s", "{:.3f}"),
                             ("peak RSS during fill MiB *", "peak_rss_mib", "{:.0f}"),
-                            ("RSS growth during fill MiB", "rss_growth_mib", "{:.0f}")):
-        print(f"{label:<28}" + "".join(f"{fmt.format(results[n][key]):>14}" for n in names))
-    print("* the engine's process and its child processes (sievekv's table workers)")
+                            ("RSS growth during fill MiB *", "rss_growth_mib", "{:.0f}")):
+        print(f"{label:<30}" + "".join(f"{fmt.format(results[n][key]):>14}" for n in names))
+    if args.fill_rounds > 1:
+        print(f"{'fillrandom ops/s per round':<30}" + "".join(
+            f"{'/'.join(f'{x / 1000:.0f}k' for x in results[n]['fill_rounds']):>14}" for n in names))
+    print("* the filling process and its children (sievekv's table worker processes)")
     s = results.get("sievekv")
     if s:
         print()
@@ -427,7 +505,7 @@ def report(results: dict, args) -> None:
         fs = s["sievekv_fill_stats"]
         print(f"  fill: {fs['flushes']} flushes, {fs['compactions']} compactions "
               f"({fs['compaction_bytes_written'] / MiB:.0f} MiB written), write stalls "
-              f"{fs['write_stall_s']:.2f} s; {fs['worker_jobs']} jobs ran in table worker processes;"
+              f"{fs['write_stall_s']:.2f} s, {fs['worker_jobs']} jobs in table worker processes;"
               f" levels after settle (level, tables): {fs['levels']}")
 
 
