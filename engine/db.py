@@ -53,7 +53,7 @@ from .manifest import Manifest
 from .memtable import MemTable
 from .options import Options
 from .read_state import ReadState
-from .iterators import live_items, merge_newest
+from .iterators import merge_newest
 from .recovery import recover
 from .table_set import TableSet
 from .table_workers import WorkerLost, shared_pool
@@ -251,11 +251,22 @@ class DB:
         return self._scan(rs, start or None, end, limit)
 
     def _scan(self, rs, start, end, limit):
-        entries = merge_newest(rs.sources(start, end))
-        for item in live_items(entries, end, limit):
+        """Newest entry per key from every source; tombstones hidden; stop at end / limit.
+        (engine.iterators.live_items, inlined: one generator layer less per entry.)"""
+        if limit == 0:
+            return
+        n = 0
+        for key, _seq, kind, value in merge_newest(rs.sources(start, end)):
+            if end is not None and key >= end:
+                return
+            if kind == KIND_DELETE:
+                continue
             if self._rs is None:
                 raise ClosedError("DB was closed during the scan")
-            yield item
+            yield key, value
+            n += 1
+            if n == limit:
+                return
 
     # ------------------------------------------------------------------------------------
     # writes

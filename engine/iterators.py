@@ -35,7 +35,7 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
             break
     heapify(heap)
     last_key = None
-    while heap:
+    while len(heap) > 1:
         key, _nseq, i, e, it = heap[0]
         if key != last_key:
             last_key = key
@@ -45,6 +45,11 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
             heappop(heap)
         else:
             heapreplace(heap, (nxt[0], -nxt[1], i, nxt, it))
+    if heap:  # one source left (the common case for a settled DB): no heap work per entry
+        key, _nseq, _i, e, it = heap[0]
+        if key != last_key:
+            yield e
+        yield from it
 
 
 def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = 2048) -> Iterator[list[Entry]]:
