@@ -72,8 +72,8 @@ class MemTable:
             return first_seq
         size = 0
         seq = first_seq - 1
-        pending = self._pending
         with self.lock:
+            pending = self._pending  # under the lock: _sorted_keys() replaces the list
             for kind, key, value in ops:
                 seq += 1
                 if key not in data:

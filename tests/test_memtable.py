@@ -115,3 +115,32 @@ def test_concat_tables_starts_in_the_right_table():
     t2 = _FakeTable([(b"e", 1, 1, b""), (b"g", 1, 1, b"")])
     assert [e[0] for e in concat_tables([t1, t2], b"b")] == [b"c", b"e", b"g"]
     assert [e[0] for e in concat_tables([t2], b"f")] == [b"g"]
+
+
+def test_batches_written_while_scanning_all_reach_the_sorted_index():
+    """Regression: a batch writer must not append new keys to a pending list that a
+    concurrent scan has just merged and replaced (the keys vanished from scans and flushes)."""
+    m = MemTable()
+    stop = threading.Event()
+    written = []
+
+    def writer():
+        seq = 1
+        i = 0
+        while not stop.is_set() and i < 30000:
+            ops = [(KIND_VALUE, b"%06d" % (i + j), b"v") for j in range(3)]
+            seq = m.add(seq, ops) + 1
+            written.extend(k for _, k, _ in ops)
+            i += 3
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        while t.is_alive():
+            for _ in m.iterate(chunk=8):
+                pass
+    finally:
+        stop.set()
+        t.join()
+    m.freeze()
+    assert [e[0] for e in m.items()] == sorted(set(written))
