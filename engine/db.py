@@ -542,7 +542,9 @@ class DB:
         run it in this thread instead (the worker died, or the job ran out of numbers);
         raises Cancelled if the DB is closing, or the job's own error."""
         try:
-            return self._pool.call(self, fn, *args)
+            result = self._pool.call(self, fn, *args)
+            self.counters.worker_jobs += 1
+            return result
         except WorkerLost:
             for n in numbers:  # a killed worker may leave a partial table behind
                 self._remove_file(filenames.table_file_name(self.path, n))

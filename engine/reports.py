@@ -53,6 +53,7 @@ class Counters:
     stop_s: float = 0.0
     background_errors: int = 0
     worker_fallbacks: int = 0
+    worker_jobs: int = 0
     recovered_entries: int = 0
     recovered_tables: int = 0
 
@@ -133,7 +134,7 @@ def stats(db) -> dict:
         "data_blocks_read": blocks,
         "data_blocks_read_per_get": (blocks / gets) if gets else None,
         "table_workers": {"processes": db._pool.size if db._pool is not None else 0,
-                          "jobs_in_process": db._pool.jobs if db._pool is not None else 0,
+                          "jobs_in_process": c.worker_jobs,
                           "fallbacks_to_threads": c.worker_fallbacks},
         "background_errors": c.background_errors,
         "failed": None if db._bg_error is None else str(db._bg_error),
