@@ -17,9 +17,14 @@ survives both.
 
 The memtable is frozen when full and flushed to an L0 table by the flush thread while writes
 go to a new memtable and a new log; the compaction thread keeps the levels within their
-targets (engine/compaction/). Writers are slowed (``slowdown_sleep_s`` per write) once L0 holds
-``l0_slowdown_trigger`` tables and wait once it holds ``l0_stop_trigger`` or when
-``max_frozen_memtables`` are waiting for a flush; the time is counted in stats().
+targets (engine/background.py, engine/compaction/). Tables are written by worker processes
+(engine/table_workers.py) so that this CPU work does not take the GIL from gets and puts.
+Writers are slowed (``slowdown_sleep_s`` per write) once L0 holds ``l0_slowdown_trigger``
+tables and wait once it holds ``l0_stop_trigger`` or when ``max_frozen_memtables`` are
+waiting for a flush; the time is counted in stats().
+
+Unsynced writes take a fast path when no other writer is active: they are logged and applied
+under the mutex without entering the group-commit queue.
 
 Reads take no lock: they read ``self._rs``, an immutable :class:`engine.read_state.ReadState`
 replaced whenever the memtable is frozen or a new version is installed.
@@ -30,8 +35,9 @@ a failed flush or compaction, or a failed manifest write put the DB in a *failed
 writes raise StorageIOError naming the first error, reads keep working, and reopening the DB
 recovers everything acknowledged from the logs and tables.
 
-Locks (acquire in this order): ``_version_lock`` (computing and installing a version) then
-``_mu`` (memtables, sequence numbers, the writers queue, background state).
+Locks (acquire in this order): ``_compaction_lock`` (one compaction at a time),
+``_version_lock`` (computing and installing a version), ``_mu`` (memtables, sequence numbers,
+the writers queue, background state).
 """
 
 from __future__ import annotations
@@ -40,31 +46,27 @@ import threading
 import time
 from bisect import bisect_left
 
-from . import filenames
+from . import filenames, reports
+from .background import Background
 from .block_cache import BlockCache
-from .compaction import full_task, pick
-from .compaction import compaction_job, execute, max_outputs, plan
-from .errors import (ClosedError, InvalidArgumentError, SieveError, StorageIOError)
+from .compaction import full_task
+from .errors import ClosedError, InvalidArgumentError, SieveError, StorageIOError
 from .filter_cap import FilterCap
-from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .format import KIND_DELETE, KIND_VALUE
 from .group_commit import GroupCommit
+from .iterators import merge_newest
 from .manifest import Manifest
 from .memtable import MemTable
 from .options import Options
 from .read_state import ReadState
-from .iterators import merge_newest
 from .recovery import recover
 from .table_set import TableSet
-from .table_workers import WorkerLost, shared_pool
-from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
-from .version_edit import VersionEdit
+from .table_workers import shared_pool
 from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
-from . import reports
 
 
-class DB:
+class DB(Background):
     """An open sievekv database. Thread safe. Create with :meth:`open`."""
 
     # ------------------------------------------------------------------------------------
@@ -481,157 +483,9 @@ class DB:
     def _force_switch(self, group) -> None:
         self._make_room_for_write(force=True)
 
-    def _flush_loop(self) -> None:
-        while True:
-            with self._mu:
-                while not self._closing and self._bg_error is None and not self._frozen:
-                    self._bg_cv.wait()
-                if self._closing or self._bg_error is not None:
-                    return
-                mem = self._frozen[-1]
-            try:
-                self._flush_memtable(mem)
-            except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
-                with self._mu:
-                    if not isinstance(exc, Cancelled) and self._bg_error is None:
-                        self._bg_error = exc
-                        self.counters.background_errors += 1
-                    self._bg_cv.notify_all()
-                return
-
-    def _flush_memtable(self, mem: MemTable) -> None:
-        t0 = time.perf_counter()
-        levels = self._version.levels
-        bits = bits_for_new_table(self.options, levels, 0, len(mem))
-        topts = table_options(self.options, bits)
-        entries = list(mem.items())
-        metas = None
-        numbers: list[int] = []
-        if self._pool is not None:
-            numbers = [self._manifest.new_file_number()]
-            for n in numbers:
-                self._reserve(n)
-            metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
-        if metas is None:
-            metas = write_tables(self._fs, self.path, [entries],
-                                 new_number=self._manifest.new_file_number,
-                                 table_options=topts, on_number=self._reserve)
-        with self._version_lock:
-            with self._mu:
-                i = self._frozen.index(mem)
-                newer = self._frozen[i - 1] if i > 0 else self._mem
-                edit = VersionEdit(log_number=newer.log_number, last_sequence=self._last_seq)
-            for m in metas:
-                edit.add_file(0, m)
-            version = self._manifest.log_and_apply(edit)
-            # The flush is durable in the manifest: the memtable's log is obsolete.
-            self._remove_file(filenames.log_file_name(self.path, mem.log_number))
-            with self._mu:
-                self._version = version
-                self._frozen.remove(mem)
-                self._publish()
-                self.counters.flushes += 1
-                self.counters.flush_bytes += sum(m.size for m in metas)
-                self.counters.flush_s += time.perf_counter() - t0
-                self._bg_cv.notify_all()
-        self._unreserve(numbers)
-        self._unreserve(m.number for m in metas)
-
-    def _in_worker(self, numbers, fn, *args):
-        """Run a table-writing job in a worker process. Returns None when the caller should
-        run it in this thread instead (the worker died, or the job ran out of numbers);
-        raises Cancelled if the DB is closing, or the job's own error."""
-        try:
-            result = self._pool.call(self, fn, *args)
-            self.counters.worker_jobs += 1
-            return result
-        except WorkerLost:
-            for n in numbers:  # a killed worker may leave a partial table behind
-                self._remove_file(filenames.table_file_name(self.path, n))
-            if self._closing:
-                raise Cancelled() from None
-            self.counters.worker_fallbacks += 1
-            return None
-        except NumbersExhausted:
-            self.counters.worker_fallbacks += 1
-            return None
-
-    def _reserve(self, number: int) -> None:
-        with self._mu:
-            self._pending_outputs.add(number)
-
-    def _unreserve(self, numbers) -> None:
-        with self._mu:
-            self._pending_outputs.difference_update(numbers)
-
-    def _remove_file(self, path: str) -> None:
-        try:
-            self._fs.remove(path)
-        except SieveError:
-            pass  # an obsolete file left behind is removed at the next open
-
     # ------------------------------------------------------------------------------------
     # compaction
     # ------------------------------------------------------------------------------------
-    def _compaction_loop(self) -> None:
-        opts = self.options
-        while True:
-            with self._mu:
-                while True:
-                    if self._closing or self._bg_error is not None:
-                        return
-                    if not opts.disable_auto_compactions:
-                        task = pick(self._version, opts)
-                        if task is not None:
-                            break
-                    self._bg_cv.wait()
-            try:
-                with self._compaction_lock:
-                    task = pick(self._version, opts)
-                    if task is not None:
-                        self._run_task(task)
-            except BaseException as exc:  # noqa: BLE001
-                with self._mu:
-                    if not isinstance(exc, Cancelled) and self._bg_error is None:
-                        self._bg_error = exc
-                        self.counters.background_errors += 1
-                    self._bg_cv.notify_all()
-                return
-
-    def _run_task(self, task) -> None:
-        """Run one compaction task and install its result. REQUIRES: _compaction_lock held."""
-        t0 = time.perf_counter()
-        version = self._version
-        levels = version.levels
-        removed = {f.number: f.num_entries for f in task.all_inputs}
-        new_entries = sum(removed.values())
-        last = task.bottommost and is_last_level(levels, task.output_level)
-        bits = bits_for_new_table(self.options, levels, task.output_level, new_entries,
-                                  removed, last_level=last)
-        job = plan(task, version, self.options, table_options(self.options, bits), self.path)
-        result = None
-        if self._pool is not None and not task.trivial_move:
-            job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
-            for n in job.numbers:
-                self._reserve(n)
-            result = self._in_worker(job.numbers, compaction_job, job)
-        if result is None:
-            result = execute(job, fs=self._fs, open_table=self._tables.get,
-                             new_number=self._manifest.new_file_number, on_number=self._reserve,
-                             should_stop=lambda: self._closing)
-        with self._version_lock:
-            new_version = self._manifest.log_and_apply(result.edit)
-            with self._mu:
-                self._version = new_version
-                self._publish()
-                self.counters.note_compaction(task, result, time.perf_counter() - t0)
-                self._bg_cv.notify_all()
-        self._unreserve(job.numbers)
-        self._unreserve(f.number for f in result.outputs)
-        if not task.trivial_move:
-            for f in task.all_inputs:
-                self._remove_file(filenames.table_file_name(self.path, f.number))
-
     def compact(self) -> None:
         """Flush, then merge every level into one: the deepest level holding data, or a
         deeper one if the data exceeds that level's target (so no automatic compaction is
@@ -643,10 +497,6 @@ class DB:
             task = full_task(self._version, self.options)
             if task is not None:
                 self._run_task(task)
-
-    def _check_open_for_compaction(self) -> None:
-        with self._mu:
-            self._check_writable()
 
     # ------------------------------------------------------------------------------------
     # reports and helpers

@@ -1,0 +1,188 @@
+"""Background work of :class:`engine.DB`: the flush thread and the compaction thread.
+
+A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock order).
+
+- The flush thread writes the oldest frozen memtable to an L0 table, records it in the
+  manifest together with the new log number (the memtable's log is then obsolete and removed),
+  and publishes a new read state.
+- The compaction thread asks the picker (engine/compaction/picker.py) for the most urgent task
+  and runs it; manual ``DB.compact()`` runs a full task in the caller's thread. Both hold
+  ``_compaction_lock``: one compaction at a time.
+- Table writing runs in a worker process when the DB has a pool (engine/table_workers.py),
+  else in the thread itself. A worker that dies makes the job rerun in the thread; at close the
+  DB's jobs are cancelled (killed) and their half-written tables removed.
+- A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
+  writes are refused with the error, reads go on, reopening recovers.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import filenames
+from .compaction import compaction_job, execute, max_outputs, pick, plan
+from .errors import SieveError
+from .filter_plan import bits_for_new_table, is_last_level, table_options
+from .memtable import MemTable
+from .table_workers import WorkerLost
+from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
+from .version_edit import VersionEdit
+
+
+class Background:
+    """Flush and compaction for DB (mixin). REQUIRES the attributes DB._init sets."""
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._mu:
+                while not self._closing and self._bg_error is None and not self._frozen:
+                    self._bg_cv.wait()
+                if self._closing or self._bg_error is not None:
+                    return
+                mem = self._frozen[-1]
+            try:
+                self._flush_memtable(mem)
+            except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
+                with self._mu:
+                    if not isinstance(exc, Cancelled) and self._bg_error is None:
+                        self._bg_error = exc
+                        self.counters.background_errors += 1
+                    self._bg_cv.notify_all()
+                return
+
+    def _flush_memtable(self, mem: MemTable) -> None:
+        t0 = time.perf_counter()
+        levels = self._version.levels
+        bits = bits_for_new_table(self.options, levels, 0, len(mem))
+        topts = table_options(self.options, bits)
+        entries = list(mem.items())
+        metas = None
+        numbers: list[int] = []
+        if self._pool is not None:
+            numbers = [self._manifest.new_file_number()]
+            for n in numbers:
+                self._reserve(n)
+            metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
+        if metas is None:
+            metas = write_tables(self._fs, self.path, [entries],
+                                 new_number=self._manifest.new_file_number,
+                                 table_options=topts, on_number=self._reserve)
+        with self._version_lock:
+            with self._mu:
+                i = self._frozen.index(mem)
+                newer = self._frozen[i - 1] if i > 0 else self._mem
+                edit = VersionEdit(log_number=newer.log_number, last_sequence=self._last_seq)
+            for m in metas:
+                edit.add_file(0, m)
+            version = self._manifest.log_and_apply(edit)
+            # The flush is durable in the manifest: the memtable's log is obsolete.
+            self._remove_file(filenames.log_file_name(self.path, mem.log_number))
+            with self._mu:
+                self._version = version
+                self._frozen.remove(mem)
+                self._publish()
+                self.counters.flushes += 1
+                self.counters.flush_bytes += sum(m.size for m in metas)
+                self.counters.flush_s += time.perf_counter() - t0
+                self._bg_cv.notify_all()
+        self._unreserve(numbers)
+        self._unreserve(m.number for m in metas)
+
+    def _in_worker(self, numbers, fn, *args):
+        """Run a table-writing job in a worker process. Returns None when the caller should
+        run it in this thread instead (the worker died, or the job ran out of numbers);
+        raises Cancelled if the DB is closing, or the job's own error."""
+        try:
+            result = self._pool.call(self, fn, *args)
+            self.counters.worker_jobs += 1
+            return result
+        except WorkerLost:
+            for n in numbers:  # a killed worker may leave a partial table behind
+                self._remove_file(filenames.table_file_name(self.path, n))
+            if self._closing:
+                raise Cancelled() from None
+            self.counters.worker_fallbacks += 1
+            return None
+        except NumbersExhausted:
+            self.counters.worker_fallbacks += 1
+            return None
+
+    def _reserve(self, number: int) -> None:
+        with self._mu:
+            self._pending_outputs.add(number)
+
+    def _unreserve(self, numbers) -> None:
+        with self._mu:
+            self._pending_outputs.difference_update(numbers)
+
+    def _remove_file(self, path: str) -> None:
+        try:
+            self._fs.remove(path)
+        except SieveError:
+            pass  # an obsolete file left behind is removed at the next open
+
+    # ------------------------------------------------------------------------------------
+    # compaction
+    # ------------------------------------------------------------------------------------
+    def _compaction_loop(self) -> None:
+        opts = self.options
+        while True:
+            with self._mu:
+                while True:
+                    if self._closing or self._bg_error is not None:
+                        return
+                    if not opts.disable_auto_compactions:
+                        task = pick(self._version, opts)
+                        if task is not None:
+                            break
+                    self._bg_cv.wait()
+            try:
+                with self._compaction_lock:
+                    task = pick(self._version, opts)
+                    if task is not None:
+                        self._run_task(task)
+            except BaseException as exc:  # noqa: BLE001
+                with self._mu:
+                    if not isinstance(exc, Cancelled) and self._bg_error is None:
+                        self._bg_error = exc
+                        self.counters.background_errors += 1
+                    self._bg_cv.notify_all()
+                return
+
+    def _run_task(self, task) -> None:
+        """Run one compaction task and install its result. REQUIRES: _compaction_lock held."""
+        t0 = time.perf_counter()
+        version = self._version
+        levels = version.levels
+        removed = {f.number: f.num_entries for f in task.all_inputs}
+        new_entries = sum(removed.values())
+        last = task.bottommost and is_last_level(levels, task.output_level)
+        bits = bits_for_new_table(self.options, levels, task.output_level, new_entries,
+                                  removed, last_level=last)
+        job = plan(task, version, self.options, table_options(self.options, bits), self.path)
+        result = None
+        if self._pool is not None and not task.trivial_move:
+            job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
+            for n in job.numbers:
+                self._reserve(n)
+            result = self._in_worker(job.numbers, compaction_job, job)
+        if result is None:
+            result = execute(job, fs=self._fs, open_table=self._tables.get,
+                             new_number=self._manifest.new_file_number, on_number=self._reserve,
+                             should_stop=lambda: self._closing)
+        with self._version_lock:
+            new_version = self._manifest.log_and_apply(result.edit)
+            with self._mu:
+                self._version = new_version
+                self._publish()
+                self.counters.note_compaction(task, result, time.perf_counter() - t0)
+                self._bg_cv.notify_all()
+        self._unreserve(job.numbers)
+        self._unreserve(f.number for f in result.outputs)
+        if not task.trivial_move:
+            for f in task.all_inputs:
+                self._remove_file(filenames.table_file_name(self.path, f.number))
+
+    def _check_open_for_compaction(self) -> None:
+        with self._mu:
+            self._check_writable()
