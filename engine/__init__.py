@@ -6,10 +6,20 @@
 b'v'
 """
 
-from .db import DB
 from .errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError, SieveError,
                      StorageIOError)
-from .options import Options
+
+
+def __getattr__(name: str):
+    # DB and Options import the whole engine (numpy, the SSTable code): load them on first use,
+    # so that tools importing only engine.errors or engine.vfs (the CLI) start fast.
+    if name == "DB":
+        from .db import DB
+        return DB
+    if name == "Options":
+        from .options import Options
+        return Options
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 __all__ = ["DB", "Options", "SieveError", "InvalidArgumentError", "CorruptionError",
            "StorageIOError", "ClosedError", "LockedError"]
