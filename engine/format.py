@@ -76,7 +76,6 @@ DEFAULT_MAX_MANIFEST_BYTES = 4 << 20  # rotate to a new manifest past this size 
 #   byte 0 num_probes k; bytes 1-2 length check, u16 LE; byte 3 encoding marker.
 # ---------------------------------------------------------------------------------------------
 # Shared trailer (docs/format.md, "Filter encodings", "Trailer")
-# ---------------------------------------------------------------------------------------------
 TRAILER_SIZE = 4
 TRAILER = struct.Struct("<BHB")  # num_probes, length check, marker
 TRAILER_PROBES = 0  # offset of k inside the trailer
