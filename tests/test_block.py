@@ -62,6 +62,57 @@ def test_block_round_trip_and_lookups(entries, interval, probe):
     assert [(k, data[s:e]) for k, s, e in block.entries(probe)] == expected
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.binary(max_size=140), st.binary(max_size=160), max_size=60).map(
+    lambda d: sorted(d.items())), st.integers(1, 6), st.binary(max_size=140))
+def test_get_whole_agrees_with_get_on_any_block(entries, interval, probe):
+    """The interval-1 fast path answers like get on every block: with one-byte headers, with
+    keys or values of 128+ bytes (multi-byte varints), and on blocks that were not written
+    with interval 1 at all (entries between restart points)."""
+    block = build(entries, interval)
+    for k, _ in entries:
+        assert block.get_whole(k) == block.get(k)
+    assert block.get_whole(probe) == block.get(probe)
+    for k, _ in entries:  # neighbours of present keys: absent unless present
+        for near in (k + b"\x00", k[:-1]):
+            assert block.get_whole(near) == block.get(near)
+
+
+def test_get_whole_on_damaged_blocks_raises_corruption_not_index_error():
+    """Flipped bytes anywhere in an interval-1 block (no checksum here): get_whole either
+    answers or raises CorruptionError; restart offsets pointing outside the block included."""
+    rng = random.Random(11)
+    entries = [(b"key%05d" % i, b"v" * (i % 9)) for i in range(0, 400, 7)]
+    good = build(entries, 1).data
+    outcomes = set()
+    for _ in range(600):
+        bad = bytearray(good)
+        for _ in range(rng.randrange(1, 3)):
+            bad[rng.randrange(len(bad) - 4)] = rng.randrange(256)
+        try:
+            block = Block(bytes(bad), path="f", offset=3)
+            for k, _ in entries:
+                block.get_whole(k)
+                block.get_whole(k + b"!")
+            outcomes.add("ok")
+        except CorruptionError as exc:
+            assert exc.path == "f" and exc.offset == 3
+            outcomes.add("corruption")
+    assert outcomes == {"ok", "corruption"}
+
+
+def test_restart_offsets_past_the_entries_are_corruption():
+    data = bytearray(build([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], 1).data)
+    restarts_at = len(data) - 4 - 4 * 3
+    data[restarts_at + 4: restarts_at + 8] = (10_000).to_bytes(4, "little")  # middle restart
+    block = Block(bytes(data), path="f", offset=0)
+    for k in (b"a", b"b", b"c", b"bb"):
+        with pytest.raises(CorruptionError):
+            block.get_whole(k)
+        with pytest.raises(CorruptionError):
+            block.get(k)
+
+
 def test_prefix_compression_shrinks_shared_prefixes():
     keys = [b"user:%010d" % i for i in range(100)]
     compressed = build([(k, b"") for k in keys], 16)

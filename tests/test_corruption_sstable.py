@@ -17,9 +17,10 @@ from engine.sstable.properties import decode_properties, encode_properties
 from engine.vfs import FileSystem
 
 
-@pytest.fixture(scope="module")
-def table(tmp_path_factory):
-    """A small table: several data blocks, one one-page filter partition per block."""
+@pytest.fixture(scope="module", params=[4, 1], ids=["interval4", "interval1"])
+def table(tmp_path_factory, request):
+    """A small table: several data blocks, one one-page filter partition per block; restart
+    interval 4 (prefix-compressed scans) or 1 (Block.get_whole, the fast path)."""
     path = str(tmp_path_factory.mktemp("corrupt") / "t.sst")
     rng = random.Random(21)
     keys = sorted({rng.randbytes(rng.randrange(1, 12)) for _ in range(60)})
@@ -27,7 +28,8 @@ def table(tmp_path_factory):
                 b"" if i % 9 == 4 else rng.randbytes(rng.randrange(40))) for i, k in enumerate(keys)]
     fs = FileSystem()
     w = fs.open_writable(path)
-    b = TableBuilder(w, TableOptions(block_size=300, restart_interval=4, blocks_per_partition=1))
+    b = TableBuilder(w, TableOptions(block_size=300, restart_interval=request.param,
+                                   blocks_per_partition=1))
     for e in entries:
         b.add(*e)
     props = b.finish()

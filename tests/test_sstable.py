@@ -149,6 +149,29 @@ def test_hypothesis_round_trip(tmp_path, fs, d, block_size, restart_interval, po
         check_table(t, entries, random.Random(len(entries)), absent_probes=30)
 
 
+@pytest.mark.parametrize("cache", [False, True])
+def test_interval_one_tables_with_short_and_long_keys_and_values(tmp_path, fs, cache):
+    """Restart interval 1 (Block.get_whole): one-byte headers and 128+ byte keys or values
+    (multi-byte varints) in the same blocks, present and absent keys, cached or not."""
+    rng = random.Random(17)
+    keys = sorted({rng.randbytes(rng.choice([4, 16, 127, 128, 200])) for _ in range(600)})
+    entries = [(k, i + 1, KIND_VALUE, rng.randbytes(rng.choice([0, 50, 119, 120, 300])))
+               for i, k in enumerate(keys)]
+    path = str(tmp_path / "one.sst")
+    props = write_table(fs, path, entries, restart_interval=1)
+    assert props.restart_interval == 1
+    by_key = {e[0]: e[1:] for e in entries}
+    bc = BlockCache(1 << 20) if cache else None
+    with Table.open(fs, path, block_cache=bc) as t:
+        for _ in range(2):  # second round from the cache when there is one
+            check_table(t, entries, random.Random(3))
+            for k, *_ in entries[::5]:
+                for near in (k + b"\x00", k[:-1]):
+                    assert t.get(near) == by_key.get(near)
+        if cache:
+            assert bc.hits > 0
+
+
 def test_builder_rejects_bad_input(tmp_path, fs):
     b = TableBuilder(fs.open_writable(str(tmp_path / "t.sst")), TableOptions())
     b.add(b"b", 1, KIND_VALUE, b"")

@@ -1,18 +1,20 @@
 """Reads one block written by :class:`BlockBuilder` (docs/format.md, "Blocks").
 
 A :class:`Block` wraps verified block contents (the trailer is already checked and stripped).
-The constructor validates the restart array; a malformed entry met later raises
-:class:`CorruptionError` naming the file and the block's offset, never IndexError.
+The constructor checks the restart count and the first and last restart points in O(1) (it
+runs on every block read from the file); an entry or restart offset found malformed later
+raises :class:`CorruptionError` naming the file and the block's offset, never IndexError.
 
 Lookups binary-search the restart points (whose keys are stored whole) and then scan at most
-one restart interval: O(log(restarts) + restart_interval) entry decodes.
+one restart interval: O(log(restarts) + restart_interval) entry decodes. :meth:`get_whole` is
+the fast path for blocks written with restart interval 1 (a pure binary search).
 Immutable after construction, so one Block may be shared by many threads (the block cache does).
 """
 
 from __future__ import annotations
 
-import operator
 import struct
+import sys
 from typing import Iterator
 
 from ..errors import CorruptionError
@@ -20,6 +22,15 @@ from .coding import get_varint as _varint
 
 _U32 = struct.Struct("<I")
 _u32_at = _U32.unpack_from
+
+if sys.byteorder == "little" and struct.calcsize("I") == 4:
+    def _restart_array(data: bytes, start: int, end: int):
+        """The u32 restart offsets at ``data[start:end]`` as an indexable sequence (a cast
+        memoryview: no per-offset decoding)."""
+        return memoryview(data)[start:end].cast("I")
+else:  # pragma: no cover - big-endian hosts
+    def _restart_array(data: bytes, start: int, end: int):
+        return struct.unpack_from(f"<{(end - start) >> 2}I", data, start)
 
 
 class Block:
@@ -36,10 +47,12 @@ class Block:
         if num < 1 or num > (n - 4) // 4:
             raise self._corrupt(f"bad restart count {num}")
         self._restarts_at = limit = n - 4 - 4 * num
-        rs = struct.unpack_from(f"<{num}I", data, limit)
-        # Restart points start at 0, increase strictly and lie inside the entries (an empty
-        # block has the single restart point 0).
-        if rs[0] != 0 or (limit and rs[-1] >= limit) or not all(map(operator.lt, rs, rs[1:])):
+        rs = _restart_array(data, limit, n - 4)
+        # O(1) checks here: the first restart point is 0 and the last lies inside the entries
+        # (an empty block has the single restart point 0). The others are bounds-checked when
+        # a lookup reads them (an offset past the entries raises CorruptionError), not sorted
+        # again on every block read: the checksum already vouches for what the writer wrote.
+        if rs[0] != 0 or (limit and rs[-1] >= limit):
             raise self._corrupt("bad restart array")
         self._restarts = rs
 
@@ -132,6 +145,54 @@ class Block:
         except (IndexError, ValueError):
             raise self._corrupt(f"bad entry at block offset {pos}") from None
         return None
+
+    def get_whole(self, target: bytes):
+        """:meth:`get` for a block whose every entry is a restart point (restart interval 1).
+
+        A pure binary search over the restart array: per step one restart offset, three
+        header bytes and one key slice, no entry decoding loop. Entries whose header varints
+        take more than one byte (keys or values of 128 bytes or more), or that share a prefix
+        (the block was not written with interval 1), send the lookup to :meth:`get`, which
+        reads any block; so does an empty block. Offsets read are bounds-checked: damage
+        raises CorruptionError, never IndexError.
+        """
+        limit = self._restarts_at
+        rs = self._restarts
+        data = self.data
+        lo = 0
+        hi = n = len(rs)
+        found = None
+        try:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                p = rs[mid]
+                kl = data[p + 1]
+                if data[p] or (kl | data[p + 2]) > 0x7F or p >= limit:
+                    return self.get(target)
+                p += 3
+                key = data[p : p + kl]
+                if key < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+                    found = key
+        except IndexError:
+            raise self._corrupt("restart point outside the block") from None
+        if found != target:
+            # Absent, if no entry hides between the restart points around the gap: the entry
+            # before it (examined above when hi > 0) must end where the next one starts.
+            if hi:
+                p = rs[hi - 1]
+                if p + 3 + data[p + 1] + data[p + 2] != (rs[hi] if hi < n else limit):
+                    return self.get(target)
+            return None
+        # rs[hi] was examined above: shared 0, one-byte key and value lengths, inside entries.
+        p = rs[hi]
+        kend = p + 3 + data[p + 1]
+        vend = kend + data[p + 2]
+        if vend > limit:
+            raise self._corrupt(f"bad entry at block offset {p}")
+        return kend, vend
 
     def whole_entries(self) -> list[tuple[bytes, int, int]]:
         """Every ``(key, value_start, value_end)`` of a block written with restart interval 1
