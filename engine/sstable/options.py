@@ -14,7 +14,9 @@ class TableOptions:
 
     ``block_size``: a data block is cut once its contents reach this many bytes (about 4 KiB;
     an entry is never split, so a large value makes one large block).
-    ``restart_interval``: keys between restart points inside a data block.
+    ``restart_interval``: keys between restart points inside a data block. 1 (every key whole,
+    the default) lets ``Table.get`` binary-search a block without decoding entries
+    (``Block.get_whole``); larger values shrink tables with long shared key prefixes.
     ``filter_policy``: the filter kind (``engine.filters.get_policy`` name); None = no filter.
     ``bits_per_key``: filter bits per key the partitions are sized for (> 0 with a policy).
     ``partition_bytes``: target size of one filter partition. Partitions are whole pages, so
@@ -26,7 +28,7 @@ class TableOptions:
     """
 
     block_size: int = 4096
-    restart_interval: int = 16
+    restart_interval: int = 1
     filter_policy: str | None = "blocked-bloom"
     bits_per_key: float = 10.0
     partition_bytes: int = 4096
