@@ -23,14 +23,9 @@ from .coding import get_varint as _varint
 _U32 = struct.Struct("<I")
 _u32_at = _U32.unpack_from
 
-if sys.byteorder == "little" and struct.calcsize("I") == 4:
-    def _restart_array(data: bytes, start: int, end: int):
-        """The u32 restart offsets at ``data[start:end]`` as an indexable sequence (a cast
-        memoryview: no per-offset decoding)."""
-        return memoryview(data)[start:end].cast("I")
-else:  # pragma: no cover - big-endian hosts
-    def _restart_array(data: bytes, start: int, end: int):
-        return struct.unpack_from(f"<{(end - start) >> 2}I", data, start)
+# The restart array is read in place as native u32s (a cast memoryview: no per-offset
+# decoding at construction) where native order is the format's little-endian.
+_NATIVE_U32 = sys.byteorder == "little" and struct.calcsize("I") == 4
 
 
 class Block:
@@ -47,7 +42,10 @@ class Block:
         if num < 1 or num > (n - 4) // 4:
             raise self._corrupt(f"bad restart count {num}")
         self._restarts_at = limit = n - 4 - 4 * num
-        rs = _restart_array(data, limit, n - 4)
+        if _NATIVE_U32:
+            rs = memoryview(data)[limit : n - 4].cast("I")
+        else:  # pragma: no cover - big-endian hosts
+            rs = struct.unpack_from(f"<{num}I", data, limit)
         # O(1) checks here: the first restart point is 0 and the last lies inside the entries
         # (an empty block has the single restart point 0). The others are bounds-checked when
         # a lookup reads them (an offset past the entries raises CorruptionError), not sorted
@@ -120,8 +118,26 @@ class Block:
         limit = self._restarts_at
         if limit == 0:
             return None
-        pos = self._seek_restart(target)
         data = self.data
+        rs = self._restarts
+        # _seek_restart inlined: restart keys with one-byte lengths are sliced directly.
+        lo, hi = 0, len(rs) - 1
+        try:
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                pos = rs[mid]
+                kl = data[pos + 1]
+                if data[pos] or (kl | data[pos + 2]) > 0x7F or pos >= limit:
+                    key = self._entry(pos, b"")[0]  # decodes in full or raises CorruptionError
+                else:
+                    key = data[pos + 3 : pos + 3 + kl]
+                if key < target:
+                    lo = mid
+                else:
+                    hi = mid - 1
+        except IndexError:
+            raise self._corrupt("restart point outside the block") from None
+        pos = rs[lo]
         key = b""
         try:
             while pos < limit:

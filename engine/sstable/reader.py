@@ -23,7 +23,9 @@ import struct
 from bisect import bisect_left
 from typing import Iterator
 
-from ..checksum import crc32c, mask
+import google_crc32c
+
+from ..checksum import mask
 from ..errors import ClosedError, CorruptionError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
@@ -42,6 +44,9 @@ from .properties import decode_properties
 _tag_at = ENTRY_TAG.unpack_from
 _u32_at = struct.Struct("<I").unpack_from
 _DATA_TYPE_BYTE = bytes((BLOCK_TYPE_DATA,))
+# engine/checksum.py's CRC32C (google-crc32c) without its type checks: contents are bytes here.
+_crc_value = google_crc32c.value
+_crc_extend = google_crc32c.extend
 _anonymous_ids = itertools.count(1)
 
 
@@ -238,7 +243,8 @@ class Table:
         # Fast check of the trailer (type byte, then the masked CRC32C of contents + type);
         # anything else goes through unseal, which names the exact failure.
         if (len(raw) != size + BLOCK_TRAILER_SIZE or raw[size] != BLOCK_TYPE_DATA
-                or mask(crc32c(_DATA_TYPE_BYTE, crc32c(contents))) != _u32_at(raw, size + 1)[0]):
+                or mask(_crc_extend(_crc_value(contents), _DATA_TYPE_BYTE))
+                != _u32_at(raw, size + 1)[0]):
             contents = unseal(raw, BlockHandle(offset, size), BLOCK_TYPE_DATA, self.path)
         block = Block(contents, path=self.path, offset=offset)
         self.data_block_file_reads += 1
