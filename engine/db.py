@@ -163,8 +163,11 @@ class DB(Background):
         for n in leftovers:  # outputs of cancelled jobs (never named by the manifest)
             self._remove_file(filenames.table_file_name(self.path, n))
         try:
-            if not self._log_broken and self._bg_error is None:
-                log.sync()
+            if self._bg_error is None:
+                if self._log_broken:  # records before the failed append were acknowledged
+                    log.sync_what_was_written()
+                else:
+                    log.sync()
         except SieveError:
             pass
         finally:
@@ -446,12 +449,17 @@ class DB(Background):
             self._fs.remove(path)
             raise
         old = self._log
-        if not self._log_broken:
-            try:
-                old.sync()  # keep recovery a prefix: no older log may end unsynced
-            except SieveError as exc:
-                if self._bg_error is None:
-                    self._bg_error = exc
+        try:
+            # Keep recovery a prefix: no older log may end unsynced. A broken log (failed
+            # append) is synced too: its earlier records were acknowledged, and a synced write
+            # in the new log must not survive a power loss that drops them.
+            if self._log_broken:
+                old.sync_what_was_written()
+            else:
+                old.sync()
+        except SieveError as exc:
+            if self._bg_error is None:
+                self._bg_error = exc
         old.close()
         self._log_broken = False
         self._mem.freeze()

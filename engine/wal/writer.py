@@ -81,6 +81,14 @@ class LogWriter:
             self._failed = exc
             raise
 
+    def sync_what_was_written(self) -> None:
+        """fsync the file even if the writer has failed: every complete record before a failed
+        append becomes durable (the failed append leaves at most a torn tail, which readers
+        drop). Call it before abandoning a failed log for a newer one, so that the newer log
+        never outlives acknowledged records of this one after a power loss. Raises
+        StorageIOError if the fsync fails."""
+        self._file.sync()
+
     def close(self) -> None:
         """Close the file (does not sync). Idempotent."""
         self._file.close()
