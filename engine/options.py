@@ -11,6 +11,7 @@ logical size, not Python's object overhead, which is roughly 3x more).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -67,14 +68,20 @@ class Options:
 
     # -------------------------------------------------------------------------------------------
     @classmethod
-    def from_kwargs(cls, **kw) -> "Options":
-        """Validate ``kw`` and build Options. Unknown names raise InvalidArgumentError."""
+    def from_kwargs(cls, *, check_filters: bool = True, **kw) -> "Options":
+        """Validate ``kw`` and build Options. Unknown names raise InvalidArgumentError.
+
+        ``check_filters=False`` skips the filter policy and bits-per-key checks, which import
+        engine.filters (and numpy): only for callers that never open a DB with the result
+        (the CLI reading a config for its data_dir)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kw) - known)
         if unknown:
             raise InvalidArgumentError(f"unknown option(s): {', '.join(unknown)}")
         opts = cls(**kw)
         opts._validate()
+        if check_filters:
+            opts._validate_filters()
         return opts
 
     @classmethod
@@ -91,8 +98,8 @@ class Options:
             kind = type(f.default)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
                 raise InvalidArgumentError(f"option {f.name} must be a {kind.__name__}, got {v!r}")
-            if v < lo:
-                raise InvalidArgumentError(f"option {f.name} must be >= {lo}, got {v!r}")
+            if v < lo or not math.isfinite(v):
+                raise InvalidArgumentError(f"option {f.name} must be >= {lo} and finite, got {v!r}")
         for name in ("create_if_missing", "error_if_exists", "sync", "disable_auto_compactions",
                      "optimize_filters_for_hits"):
             if not isinstance(getattr(self, name), bool):
@@ -114,8 +121,26 @@ class Options:
             for level, bits in items:
                 if not isinstance(level, int) or not 0 <= level < NUM_LEVELS:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad level {level!r}")
-                if isinstance(bits, bool) or not isinstance(bits, (int, float)) or bits < 0:
+                if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 <= bits < math.inf:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad bits {bits!r} for level {level}")
+
+    def _validate_filters(self) -> None:
+        """The filter policy must be a known name and every configured bits-per-key value
+        buildable by it (below the policy's minimum means "no filter"): otherwise the DB would
+        open, accept writes, and fail its first flush."""
+        if self.filter_policy is None:
+            return
+        from .filters.base import MAX_BITS_PER_KEY  # lazy: engine.filters imports numpy
+        from .filters.registry import lookup_class
+
+        lookup_class(self.filter_policy)
+        per = self.bits_per_key_per_level
+        values = list(per.values() if isinstance(per, dict) else per or ())
+        for bits in [self.bits_per_key, *values]:
+            if bits > MAX_BITS_PER_KEY:
+                raise InvalidArgumentError(
+                    f"option bits_per_key/bits_per_key_per_level: {bits!r} is over the filter "
+                    f"maximum of {MAX_BITS_PER_KEY:g} bits per key")
 
     # -------------------------------------------------------------------------------------------
     def bits_for_level(self, level: int) -> float:

@@ -133,12 +133,14 @@ def default_config_text() -> str:
     return importlib.resources.files("router").joinpath("default_config.toml").read_text("utf-8")
 
 
-def load(path: str | None = None, *, data_dir: str | None = None, cwd: str | None = None) -> ClusterConfig:
+def load(path: str | None = None, *, data_dir: str | None = None, cwd: str | None = None,
+         check_filters: bool = True) -> ClusterConfig:
     """Load ``path`` (or the embedded default when None) and validate it.
 
     A relative ``data_dir`` in a file is taken from the file's directory; in the embedded
     default, from ``cwd`` (default: the current directory). ``data_dir``, when given,
-    overrides the file's (relative to ``cwd``).
+    overrides the file's (relative to ``cwd``). ``check_filters=False`` skips the engine's
+    filter checks (they import numpy): for commands that only need the data directory.
     """
     cwd = os.path.abspath(cwd or os.getcwd())
     if path is None:
@@ -159,7 +161,7 @@ def load(path: str | None = None, *, data_dir: str | None = None, cwd: str | Non
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {source}: invalid TOML: {exc}") from None
-    cfg = from_toml(doc, source=source, base_dir=base)
+    cfg = from_toml(doc, source=source, base_dir=base, check_filters=check_filters)
     if data_dir is not None:
         cfg = replace(cfg, data_dir=os.path.abspath(os.path.join(cwd, data_dir)))
     return cfg
@@ -248,7 +250,7 @@ def _defaults() -> dict:
     return tomllib.loads(default_config_text())
 
 
-def from_toml(doc: dict, *, source: str, base_dir: str) -> ClusterConfig:
+def from_toml(doc: dict, *, source: str, base_dir: str, check_filters: bool = True) -> ClusterConfig:
     """Validate a parsed TOML document against the embedded default's options."""
     d = _defaults()
     known = set(d) | {"shard"}
@@ -268,7 +270,7 @@ def from_toml(doc: dict, *, source: str, base_dir: str) -> ClusterConfig:
 
     lm = _Section(source, "limits", doc.get("limits", {}), d["limits"])
     limits = LimitsSpec(lm.size("max_value_size", 0))
-    engine = _engine(source, doc, d, limits)
+    engine = _engine(source, doc, d, limits, check_filters)
 
     sv = _Section(source, "supervisor", doc.get("supervisor", {}), d["supervisor"])
     sup = SupervisorSpec(
@@ -370,7 +372,7 @@ _OFF_OPTIONS = {"filter_policy", "bits_per_key_per_level", "filter_memory_budget
 ENGINE_HIDDEN = {"fs", "create_if_missing", "error_if_exists", "max_key_size", "max_value_size"}
 
 
-def _engine(source: str, doc: dict, d: dict, limits: LimitsSpec) -> dict:
+def _engine(source: str, doc: dict, d: dict, limits: LimitsSpec, check_filters: bool) -> dict:
     """The [engine] table as keyword arguments of Options.from_kwargs, validated by it."""
     from engine.errors import InvalidArgumentError
     from engine.options import Options
@@ -394,7 +396,7 @@ def _engine(source: str, doc: dict, d: dict, limits: LimitsSpec) -> dict:
             kw[name] = v
     kw["max_value_size"] = limits.max_value_size
     try:
-        Options.from_kwargs(**kw)
+        Options.from_kwargs(check_filters=check_filters, **kw)
     except (InvalidArgumentError, TypeError) as exc:
         raise ConfigError(f"config {source}: [engine]: {exc}") from None
     return kw

@@ -21,11 +21,13 @@ def config_path(args) -> str | None:
     return getattr(args, "config", None) or os.environ.get("SIEVEKV_CONFIG") or None
 
 
-def load_config(args) -> ClusterConfig:
-    """The config named by the arguments/environment (embedded default if none)."""
+def load_config(args, *, check_filters: bool = True) -> ClusterConfig:
+    """The config named by the arguments/environment (embedded default if none).
+    ``check_filters=False``: see router.config.load (for commands that only need the
+    data directory, so they do not import numpy)."""
     data_dir = getattr(args, "data_dir", None) or os.environ.get("SIEVEKV_DATA_DIR") or None
     try:
-        return load(config_path(args), data_dir=data_dir)
+        return load(config_path(args), data_dir=data_dir, check_filters=check_filters)
     except ConfigError as exc:
         raise CliError(str(exc), USAGE) from None
 
@@ -34,7 +36,7 @@ def data_dir(args) -> str:
     explicit = getattr(args, "data_dir", None) or os.environ.get("SIEVEKV_DATA_DIR")
     if explicit:
         return os.path.abspath(explicit)
-    return load_config(args).data_dir
+    return load_config(args, check_filters=False).data_dir
 
 
 def read_state(args) -> dict:
