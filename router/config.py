@@ -18,6 +18,8 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, replace
 
+from shard.limits import MAX_VALUE_BYTES_LIMIT
+
 from .humanize import parse_size
 
 NUM_SLOTS = 16384
@@ -270,6 +272,9 @@ def from_toml(doc: dict, *, source: str, base_dir: str, check_filters: bool = Tr
 
     lm = _Section(source, "limits", doc.get("limits", {}), d["limits"])
     limits = LimitsSpec(lm.size("max_value_size", 0))
+    if limits.max_value_size > MAX_VALUE_BYTES_LIMIT:
+        lm.fail("max_value_size", f"must be at most {MAX_VALUE_BYTES_LIMIT} bytes (gRPC messages "
+                                  f"are limited to 2 GiB), got {limits.max_value_size}")
     engine = _engine(source, doc, d, limits, check_filters)
 
     sv = _Section(source, "supervisor", doc.get("supervisor", {}), d["supervisor"])

@@ -23,7 +23,7 @@ import sys
 import time
 
 from engine.errors import SieveError
-from shard.limits import DEFAULT_MAX_VALUE_BYTES, Limits
+from shard.limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
 from shard.worker import stop_event_on_signals, wait_for_stop, watch_parent, write_port_file
 
 from . import cluster_map as cmap
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 = any free port")
     p.add_argument("--processes", type=int, default=1, help="router processes sharing the port")
     p.add_argument("--port-file", help="write the bound port here once serving")
-    p.add_argument("--max-value-bytes", type=int, default=DEFAULT_MAX_VALUE_BYTES,
+    p.add_argument("--max-value-bytes", type=max_value_bytes_arg, default=DEFAULT_MAX_VALUE_BYTES,
                    help="largest value accepted; must match the shards'")
     p.add_argument("--default-timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="deadline (s) of shard calls when the client sets none")

@@ -23,6 +23,23 @@ MiB = 1024 * KiB
 MAX_KEY_BYTES = 64 * KiB
 DEFAULT_MAX_VALUE_BYTES = 4 * MiB
 MESSAGE_SLACK_BYTES = 1 * MiB
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC message limits are C ints
+MAX_VALUE_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - MESSAGE_SLACK_BYTES
+"""The largest ``max_value_bytes`` whose message limit gRPC can represent (2 GiB - 1 MiB - 1)."""
+
+
+def max_value_bytes_arg(text: str) -> int:
+    """argparse ``type=`` for ``--max-value-bytes`` (shard and router): an int in
+    0..MAX_VALUE_BYTES_LIMIT, else a usage error naming the range."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= n <= MAX_VALUE_BYTES_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_VALUE_BYTES_LIMIT}, got {n}")
+    return n
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,13 @@ class Limits:
 
     max_key_bytes: int = MAX_KEY_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+
+    def __post_init__(self) -> None:
+        # Past the cap, creating a channel or server raises OverflowError in gRPC's C core.
+        if not 0 <= self.max_value_bytes <= MAX_VALUE_BYTES_LIMIT:
+            raise InvalidArgumentError(
+                f"max value size must be in 0..{MAX_VALUE_BYTES_LIMIT} bytes (gRPC messages are "
+                f"limited to 2 GiB), got {self.max_value_bytes}")
 
     @property
     def max_message_bytes(self) -> int:

@@ -27,7 +27,7 @@ import threading
 from engine.errors import SieveError
 
 from .backend import open_engine
-from .limits import DEFAULT_MAX_VALUE_BYTES, Limits
+from .limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
 from .server import DEFAULT_WORKERS, create_server
 
 log = logging.getLogger("shard")
@@ -51,7 +51,7 @@ def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on; port 0 = any free port")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--name", help="shard name in reports (default: the data directory's name)")
-    p.add_argument("--max-value-bytes", type=int, default=DEFAULT_MAX_VALUE_BYTES,
+    p.add_argument("--max-value-bytes", type=max_value_bytes_arg, default=DEFAULT_MAX_VALUE_BYTES,
                    help="largest value accepted (also the engine's max_value_size); messages may be "
                         "1 MiB larger")
     p.add_argument("--engine-option", action="append", default=[], type=parse_engine_option,

@@ -31,6 +31,29 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)", USAGE)
 
 
+def _seconds(text: str) -> float:
+    """argparse type of --timeout: a positive, finite number of seconds (0 or a negative
+    deadline would silently mean "the default" or fail every call as unreachable)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return v
+
+
+def _router(text: str) -> str:
+    """argparse type of --router: HOST:PORT with a port in 1..65535 (gRPC would silently
+    wrap 99999 into another port)."""
+    from .target import check_router_address
+
+    try:
+        return check_router_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _common(p: argparse.ArgumentParser, *, router: bool = False) -> None:
     """Options every command accepts, before or after the command name."""
     g = p.add_argument_group("cluster selection")
@@ -39,9 +62,9 @@ def _common(p: argparse.ArgumentParser, *, router: bool = False) -> None:
     g.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
                    help="cluster data directory (overrides the config's data_dir)")
     if router:
-        g.add_argument("--router", default=argparse.SUPPRESS, metavar="HOST:PORT",
+        g.add_argument("--router", type=_router, default=argparse.SUPPRESS, metavar="HOST:PORT",
                        help="router address; default: $SIEVEKV_ROUTER or the state file")
-        g.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
+        g.add_argument("--timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
                        help="deadline of each call (default: 30)")
 
 
@@ -76,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "stop", lifecycle.cmd_stop,
                 "stop every process of the cluster (SIGTERM, then SIGKILL after the timeout)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                    help="seconds before SIGKILL (default: the config's stop_timeout)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "status", status.cmd_status,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from .. import cluster_state as cs
-from ..config import ClusterConfig, ConfigError, load
+from ..config import ClusterConfig, ConfigError, load, split_address
 from .exit_codes import UNREACHABLE, USAGE, CliError
 
 
@@ -46,10 +46,24 @@ def read_state(args) -> dict:
         raise CliError(str(exc), UNREACHABLE) from None
 
 
+def check_router_address(address: str) -> str:
+    """``address`` if it is HOST:PORT with a port in 1..65535; ValueError (one line) if not."""
+    _, port = split_address(address)
+    if port == 0:
+        raise ValueError(f"port of {address!r} must be in 1..65535")
+    return address
+
+
 def router_address(args) -> str:
-    explicit = getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER")
+    explicit = getattr(args, "router", None)
     if explicit:
         return explicit
+    env = os.environ.get("SIEVEKV_ROUTER")
+    if env:
+        try:
+            return check_router_address(env)
+        except ValueError as exc:
+            raise CliError(f"$SIEVEKV_ROUTER: {exc}", USAGE) from None
     doc = read_state(args)
     if doc.get("state") in ("stopped", "failed"):
         raise CliError(f"the cluster in {doc.get('data_dir')} is {doc['state']} "
