@@ -58,3 +58,25 @@ def test_server_flag_over_the_value_cap_is_an_argument_error(capsys, tmp_path):
         shard_worker.main(["--data-dir", str(tmp_path), "--max-value-bytes", str(3 << 30)])
     assert exc.value.code == 2
     assert "--max-value-bytes: must be in 0.." in capsys.readouterr().err
+
+
+def _status_doc(recorded: str) -> dict:
+    proc = {"name": "shard-0", "role": "shard", "shard": 0, "pid": None, "alive": False,
+            "address": "127.0.0.1:1", "status": recorded, "health": "DOWN", "uptime_s": None,
+            "restarts": 0, "last_exit": "exit code 0", "keys": None, "disk_bytes": None,
+            "filter_resident_bytes": None}
+    return {"cluster": "stopped", "router_address": "127.0.0.1:2", "data_dir": "/d",
+            "supervisor": {"pid": None, "alive": False, "uptime_s": None}, "processes": [proc],
+            "totals": {"keys": None, "disk_bytes": None, "filter_resident_bytes": None}}
+
+
+@pytest.mark.parametrize("recorded, shown", [
+    ("stopped", "stopped"),   # was shown as "dead" after every clean `cluster stop`
+    ("failed", "failed"), ("backoff", "backoff"),
+    ("serving", "dead"),      # recorded as running, pid gone: the supervisor died
+])
+def test_status_column_of_a_process_that_is_not_running(recorded, shown):
+    from router.cli.status import render_text
+
+    row = render_text(_status_doc(recorded)).splitlines()[2].split()
+    assert row[0] == "shard-0" and row[5] == shown

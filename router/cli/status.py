@@ -27,6 +27,9 @@ from .exit_codes import OK, PARTIAL, UNREACHABLE
 from .table import render
 
 STATUS_TIMEOUT = 2.0
+# Recorded statuses of a process that is not meant to run; any other status with no live pid
+# is shown as "dead" (the supervisor died and did not record the exit).
+_NOT_RUNNING = ("failed", "backoff", "stopped")
 
 
 def shard_numbers(stats: dict, filters: dict) -> dict:
@@ -149,7 +152,7 @@ def render_text(st: dict) -> str:
         head += f"\nlast error: {st['error']}"
     rows = []
     for r in st["processes"]:
-        status = r["status"] if r["alive"] or r["status"] in ("failed", "backoff") else "dead"
+        status = r["status"] if r["alive"] or r["status"] in _NOT_RUNNING else "dead"
         rows.append([r["name"], r["role"], "-" if r["shard"] is None else r["shard"],
                      r["pid"] if r["alive"] else "-", r["address"], status, r["health"],
                      format_duration(r["uptime_s"]), r["restarts"], format_count(r["keys"]),
