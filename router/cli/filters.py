@@ -19,7 +19,7 @@ import grpc
 
 from ..humanize import format_bytes, format_count, format_ratio
 from . import rpc, target
-from .exit_codes import OK, PARTIAL, from_rpc_error
+from .exit_codes import OK, PARTIAL, CliError, from_rpc_error
 from .table import render
 
 DEFAULT_TIMEOUT = 30.0
@@ -68,8 +68,12 @@ def cmd_filters(args) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render_text(doc, args.tables))
-    failed = {n for n, s in doc.get("sections", {}).items() if not s.get("ok")}
-    return PARTIAL if failed else OK
+    failed = sorted(n for n, s in doc.get("sections", {}).items() if not s.get("ok"))
+    if failed:
+        # Exit 4 with the one stderr line every failure gets (the table says why per shard).
+        raise CliError(f"FilterReport failed on {len(failed)} of {len(doc['sections'])} shards "
+                       f"({', '.join(failed)})", PARTIAL)
+    return OK
 
 
 HEADER = ["TABLES", "KEYS", "BITS/KEY", "ON DISK", "MAPPED", "RESIDENT", "PARTS TOUCHED",
