@@ -111,6 +111,10 @@ class Table:
         index = meta_block(footer.index, BLOCK_TYPE_INDEX)
         self._index_keys, self._offsets, self._sizes = decode_index(index, props.data_bytes)
         self._nblocks = n = len(self._index_keys)
+        # Block cache keys, one int per data block: table id above bit 48, block offset below
+        # (offsets < 2**48 as files are; a negative id for anonymous tables stays distinct).
+        base = self._cache_id << 48
+        self._cache_keys = [base + o for o in self._offsets]
         # Block search: a pure binary search when every entry is a restart point.
         self._find = Block.get_whole if props.restart_interval == 1 else Block.get
         if n != props.num_data_blocks or (n and self._index_keys[-1] != props.largest_key) \
@@ -169,7 +173,7 @@ class Table:
         if cache is None:
             block = self._read_block(i, None)
         else:
-            ck = (self._cache_id, self._offsets[i])
+            ck = self._cache_keys[i]
             block = cache.get(ck)
             if block is None:
                 block = self._read_block(i, ck)
@@ -225,7 +229,7 @@ class Table:
         cache = self._cache
         if cache is None:
             return self._read_block(i, None)
-        ck = (self._cache_id, self._offsets[i])
+        ck = self._cache_keys[i]
         block = cache.get(ck)
         if block is None:
             block = self._read_block(i, ck if fill_cache else None)
