@@ -8,9 +8,9 @@ readers read that attribute once and use the object they got, without a lock. Th
 memtable inside is mutable (writes land there, see engine/memtable.py); everything else in a
 read state never changes.
 
-A read state holds one reference (engine/table_set.py) to every table it lists, released when
-the object is freed, so a table compacted away stays open while a get or scan still uses an
-older read state.
+A read state holds one reference (engine/table_set.py) to every table it lists, released soon
+after the object is freed (by the table set's own thread), so a table compacted away stays
+open while a get or scan still uses an older read state.
 
 Lookup order (the first source holding the key wins; newer sources hide older ones): active
 memtable, frozen memtables newest first, L0 newest first, then in each deeper level the one
@@ -66,7 +66,8 @@ class ReadState:
         numbers = tuple(f.number for files in levels for f in files)
         rs.numbers = numbers
         tables.ref(numbers)
-        weakref.finalize(rs, tables.unref, numbers)
+        # Not unref: a finalizer must not take locks (engine/table_set.py says why).
+        weakref.finalize(rs, tables.release_later, numbers)
         return rs
 
     def find(self, key: bytes):

@@ -12,10 +12,18 @@ the DB's statistics stay cumulative.
 
 Thread safety: all methods take one internal lock; the table objects themselves are safe for
 concurrent readers.
+
+Releasing references never blocks the caller: :meth:`release_later` (what a read state's
+finalizer calls) only puts the numbers on a ``queue.SimpleQueue`` (reentrant by design) and a
+small thread of this set does the :meth:`unref`. A finalizer may run anywhere: the cyclic GC
+runs it in whatever thread allocates when a collection is due, possibly one that holds this
+set's lock (or the filter cap's) at that moment; unref there would wait for a lock its own
+thread holds, forever.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 
 from .filenames import table_file_name
@@ -38,6 +46,10 @@ class TableSet:
         self._closed = False
         self.retired = {k: 0 for k in _RETIRED_KEYS}
         self.opened = 0
+        self._released: queue.SimpleQueue = queue.SimpleQueue()
+        self._releaser = threading.Thread(target=self._release_loop, daemon=True,
+                                          name=f"sievekv-unref {dirname}")
+        self._releaser.start()
 
     def get(self, number: int):
         """The open table for file ``number`` (opened now if needed; no reference taken)."""
@@ -62,6 +74,19 @@ class TableSet:
             refs = self._refs
             for n in numbers:
                 refs[n] = refs.get(n, 0) + 1
+
+    def release_later(self, numbers) -> None:
+        """Drop one reference to each table soon, on this set's own thread. Never blocks and
+        takes no lock: safe from a finalizer (see the module docstring)."""
+        self._released.put(numbers)
+
+    def _release_loop(self) -> None:
+        get = self._released.get
+        while True:
+            numbers = get()
+            if numbers is None:
+                return
+            self.unref(numbers)
 
     def unref(self, numbers) -> None:
         """Drop one reference to each table; close those left without any."""
@@ -103,3 +128,6 @@ class TableSet:
             self._refs.clear()
         for t in tables:
             self._close_table(t)
+        if self._releaser is not threading.current_thread():
+            self._released.put(None)
+            self._releaser.join()

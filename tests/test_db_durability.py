@@ -60,3 +60,48 @@ def test_close_after_a_failed_append_syncs_the_acknowledged_writes(tmp_path):
     with DB.open(path, fs=fs) as db:
         assert [db.get(b"k%d" % i) for i in range(5)] == [b"v%d" % i for i in range(5)]
         assert db.get(b"doomed") is None
+
+
+
+_GC_IN_LOCK = r"""
+import gc, sys
+from engine import DB
+db = DB.open(sys.argv[1], table_workers=0, filter_memory_cap=1 << 20)
+for i in range(100):
+    db.put(b"k%03d" % i, b"v")
+db.flush()
+lock = db._tables._lock if sys.argv[2] == "table_set" else db.filter_cap._lock
+it = db.scan()
+next(it)                        # the scan holds the current read state
+db.put(b"x", b"y")
+db.compact()                    # newer read state; the scan's tables are compacted away
+gc.disable()
+cycle = [it]
+cycle.append(cycle)             # the scan is now garbage, reachable only from a cycle
+del it, cycle
+with lock:                      # the GC runs while this thread holds the lock
+    gc.collect()
+gc.enable()
+db.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("lock", ["table_set", "filter_cap"])
+def test_read_state_freed_by_the_gc_inside_a_locked_section_does_not_deadlock(tmp_path, lock):
+    # Bug: a read state's finalizer called TableSet.unref, which takes the table set's lock
+    # (and closing a table takes the filter cap's). The cyclic GC runs finalizers in whatever
+    # thread allocates when a collection is due, possibly one inside those locked sections:
+    # the thread then waited for a lock it held itself, forever (every later flush,
+    # compaction and stats call hung behind it).
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    try:
+        p = subprocess.run([sys.executable, "-c", _GC_IN_LOCK, str(tmp_path / "db"), lock],
+                           env=env, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: a read state freed by the GC inside a locked section hung")
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
