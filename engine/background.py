@@ -74,7 +74,7 @@ class Background:
                 edit = VersionEdit(log_number=newer.log_number, last_sequence=self._last_seq)
             for m in metas:
                 edit.add_file(0, m)
-            version = self._manifest.log_and_apply(edit)
+            version = self._log_and_apply(edit, numbers, [m.number for m in metas])
             # The flush is durable in the manifest: the memtable's log is obsolete.
             self._remove_file(filenames.log_file_name(self.path, mem.log_number))
             with self._mu:
@@ -87,6 +87,18 @@ class Background:
                 self._bg_cv.notify_all()
         self._unreserve(numbers)
         self._unreserve(m.number for m in metas)
+
+    def _log_and_apply(self, edit, reserved, outputs):
+        """``self._manifest.log_and_apply(edit)``. If it fails, whether the edit reached the
+        disk is unknown (a failed fsync leaves the record in the file): the outputs may be
+        live after a reopen, so they leave ``_pending_outputs`` and close() will not delete
+        them; recovery decides (engine/manifest.py, "After log_and_apply raises")."""
+        try:
+            return self._manifest.log_and_apply(edit)
+        except BaseException:
+            self._unreserve(reserved)
+            self._unreserve(outputs)
+            raise
 
     def _in_worker(self, numbers, fn, *args):
         """Run a table-writing job in a worker process. Returns None when the caller should
@@ -171,7 +183,8 @@ class Background:
                              new_number=self._manifest.new_file_number, on_number=self._reserve,
                              should_stop=lambda: self._closing)
         with self._version_lock:
-            new_version = self._manifest.log_and_apply(result.edit)
+            new_version = self._log_and_apply(result.edit, job.numbers,
+                                              [f.number for f in result.outputs])
             with self._mu:
                 self._version = new_version
                 self._publish()

@@ -105,3 +105,41 @@ def test_read_state_freed_by_the_gc_inside_a_locked_section_does_not_deadlock(tm
     except subprocess.TimeoutExpired:
         pytest.fail("deadlock: a read state freed by the GC inside a locked section hung")
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+class _ManifestSyncFails(FaultInjectionFS):
+    """Fails the fsync of manifests only (tables and logs sync fine) while ``failing``."""
+
+    failing = False
+
+    def _check_sync(self, path):
+        if self.failing and "MANIFEST-" in path:
+            raise StorageIOError("fsync failed (injected, manifests only)", path=path,
+                                 errno_=errno.EIO)
+        super()._check_sync(path)
+
+
+@pytest.mark.parametrize("job", ["flush", "compact"])
+def test_outputs_of_an_edit_whose_manifest_sync_failed_are_not_deleted_at_close(tmp_path, job):
+    # Bug: when the manifest fsync failed, the edit's record was still in the file, but close()
+    # deleted the flush/compaction outputs as "leftovers". The next open read the edit (the
+    # OS kept it), removed the flushed log as obsolete and then failed on the missing table:
+    # the DB could not be opened and the flushed writes were gone for good.
+    fs = _ManifestSyncFails(seed=3)
+    path = str(tmp_path / "db")
+    db = DB.open(path, fs=fs, disable_auto_compactions=True)
+    n = 200 if job == "flush" else 300
+    for i in range(200):
+        db.put(b"k%04d" % i, b"v%d" % i)
+    if job == "compact":
+        db.flush()
+        for i in range(200, 300):
+            db.put(b"k%04d" % i, b"v%d" % i)
+        db.flush()
+    fs.failing = True
+    with pytest.raises(StorageIOError):
+        db.flush() if job == "flush" else db.compact()
+    db.close()
+    fs.failing = False
+    with DB.open(path, fs=fs) as db:  # the process restarts; the OS kept the manifest record
+        assert [db.get(b"k%04d" % i) for i in range(n)] == [b"v%d" % i for i in range(n)]
