@@ -47,9 +47,7 @@ class TableSet:
         self.retired = {k: 0 for k in _RETIRED_KEYS}
         self.opened = 0
         self._released: queue.SimpleQueue = queue.SimpleQueue()
-        self._releaser = threading.Thread(target=self._release_loop, daemon=True,
-                                          name=f"sievekv-unref {dirname}")
-        self._releaser.start()
+        self._releaser: threading.Thread | None = None  # started by the first ref()
 
     def get(self, number: int):
         """The open table for file ``number`` (opened now if needed; no reference taken)."""
@@ -70,6 +68,8 @@ class TableSet:
             return t
 
     def ref(self, numbers) -> None:
+        if self._releaser is None:
+            self._start_releaser()
         with self._lock:
             refs = self._refs
             for n in numbers:
@@ -79,6 +79,14 @@ class TableSet:
         """Drop one reference to each table soon, on this set's own thread. Never blocks and
         takes no lock: safe from a finalizer (see the module docstring)."""
         self._released.put(numbers)
+
+    def _start_releaser(self) -> None:
+        with self._lock:
+            if self._releaser is not None or self._closed:
+                return
+            self._releaser = threading.Thread(target=self._release_loop, daemon=True,
+                                              name=f"sievekv-unref {self._dirname}")
+            self._releaser.start()
 
     def _release_loop(self) -> None:
         get = self._released.get
@@ -128,6 +136,7 @@ class TableSet:
             self._refs.clear()
         for t in tables:
             self._close_table(t)
-        if self._releaser is not threading.current_thread():
+        releaser = self._releaser
+        if releaser is not None and releaser is not threading.current_thread():
             self._released.put(None)
-            self._releaser.join()
+            releaser.join()
