@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from engine.errors import CorruptionError
 from engine.format import BLOCK_TYPE_DATA, BLOCK_TYPE_INDEX
-from engine.sstable.block import Block
+from engine.sstable.block import Block, find_whole
 from engine.sstable.block_builder import BlockBuilder
 from engine.sstable.coding import encode_varint, get_varint
 from engine.sstable.handle import BlockHandle, decode_handle, seal, unseal
@@ -136,6 +136,18 @@ def test_builder_reset_and_empty_block():
 def test_malformed_restart_arrays_raise_corruption(data):
     with pytest.raises(CorruptionError):
         Block(data, path="f", offset=7)
+    with pytest.raises(CorruptionError):  # the point-read path that builds no Block
+        find_whole(data, b"a", "f", 7)
+
+
+def test_find_whole_sees_entries_hidden_before_the_first_restart_point():
+    """A restart array whose first offset is not 0 (entries before it) is corruption, also
+    when the key sorts before every restart key (the search never reads that offset)."""
+    good = bytearray(build([(b"b", b"1"), (b"c", b"2")], 1).data)
+    restarts_at = len(good) - 4 - 4 * 2
+    good[restarts_at: restarts_at + 4] = (2).to_bytes(4, "little")  # rs[0] = 2, rs[1] valid
+    with pytest.raises(CorruptionError):
+        find_whole(bytes(good), b"a", "f", 0)
 
 
 def test_malformed_entries_raise_corruption_not_index_error():

@@ -163,52 +163,9 @@ class Block:
         return None
 
     def get_whole(self, target: bytes):
-        """:meth:`get` for a block whose every entry is a restart point (restart interval 1).
-
-        A pure binary search over the restart array: per step one restart offset, three
-        header bytes and one key slice, no entry decoding loop. Entries whose header varints
-        take more than one byte (keys or values of 128 bytes or more), or that share a prefix
-        (the block was not written with interval 1), send the lookup to :meth:`get`, which
-        reads any block; so does an empty block. Offsets read are bounds-checked: damage
-        raises CorruptionError, never IndexError.
-        """
-        limit = self._restarts_at
-        rs = self._restarts
-        data = self.data
-        lo = 0
-        hi = n = len(rs)
-        found = None
-        try:
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                p = rs[mid]
-                kl = data[p + 1]
-                if data[p] or (kl | data[p + 2]) > 0x7F or p >= limit:
-                    return self.get(target)
-                p += 3
-                key = data[p : p + kl]
-                if key < target:
-                    lo = mid + 1
-                else:
-                    hi = mid
-                    found = key
-        except IndexError:
-            raise self._corrupt("restart point outside the block") from None
-        if found != target:
-            # Absent, if no entry hides between the restart points around the gap: the entry
-            # before it (examined above when hi > 0) must end where the next one starts.
-            if hi:
-                p = rs[hi - 1]
-                if p + 3 + data[p + 1] + data[p + 2] != (rs[hi] if hi < n else limit):
-                    return self.get(target)
-            return None
-        # rs[hi] was examined above: shared 0, one-byte key and value lengths, inside entries.
-        p = rs[hi]
-        kend = p + 3 + data[p + 1]
-        vend = kend + data[p + 2]
-        if vend > limit:
-            raise self._corrupt(f"bad entry at block offset {p}")
-        return kend, vend
+        """:meth:`get` for a block whose every entry is a restart point (restart interval 1):
+        :func:`find_whole` on this block's contents."""
+        return find_whole(self.data, target, self.path, self.offset)
 
     def whole_entries(self) -> list[tuple[bytes, int, int]]:
         """Every ``(key, value_start, value_end)`` of a block written with restart interval 1
@@ -259,3 +216,61 @@ class Block:
             if start is None or key >= start:
                 yield key, vstart, pos
 
+
+def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int | None = None):
+    """``Block(data).get(target)`` for block contents whose every entry is a restart point
+    (restart interval 1), without building a :class:`Block`: the point-read fast path.
+
+    A pure binary search over the restart array: per step one restart offset, three header
+    bytes and one key slice, no entry decoding loop. The restart count is checked on every
+    call (O(1)), offsets when read. Headers with multi-byte varints (keys or values of 128
+    bytes or more), restart entries that share a prefix, an empty block or a first restart
+    point other than 0 send the lookup to ``Block(data).get``, which reads (or rejects) any
+    block; an "absent" answer is given only once the entry before the gap is seen to end where
+    the next restart point starts, so a block that is not really interval 1 still reads
+    right. Damage raises CorruptionError naming ``path`` and ``offset``, never IndexError.
+    """
+    n = len(data) - 4
+    num = _u32_at(data, n)[0] if n >= 0 else 0
+    limit = n - 4 * num
+    if num < 1 or limit <= 0:
+        return Block(data, path=path, offset=offset).get(target)  # empty, or raises
+    lo = 0
+    hi = num
+    found = None
+    try:
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            p = _u32_at(data, limit + 4 * mid)[0]
+            kl = data[p + 1]
+            if data[p] or (kl | data[p + 2]) > 0x7F or p >= limit:
+                return Block(data, path=path, offset=offset).get(target)
+            p += 3
+            key = data[p : p + kl]
+            if key < target:
+                lo = mid + 1
+            else:
+                hi = mid
+                found = key
+    except IndexError:
+        raise CorruptionError("block: restart point outside the block", path=path,
+                              offset=offset) from None
+    if found != target:
+        # Absent, if no entry hides in the gap: nothing before the first restart point, and
+        # the entry before the gap (examined above when hi > 0) ends where the next starts.
+        if hi:
+            p = _u32_at(data, limit + 4 * (hi - 1))[0]
+            if p + 3 + data[p + 1] + data[p + 2] != (
+                    _u32_at(data, limit + 4 * hi)[0] if hi < num else limit):
+                return Block(data, path=path, offset=offset).get(target)
+        elif _u32_at(data, limit)[0]:
+            return Block(data, path=path, offset=offset).get(target)  # raises: bad restarts
+        return None
+    # Restart point hi was examined above: shared 0, one-byte key and value lengths, inside
+    # the entries.
+    p = _u32_at(data, limit + 4 * hi)[0]
+    kend = p + 3 + data[p + 1]
+    vend = kend + data[p + 2]
+    if vend > limit:
+        raise CorruptionError(f"block: bad entry at block offset {p}", path=path, offset=offset)
+    return kend, vend

@@ -33,7 +33,7 @@ from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_IND
                       ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
                       TABLE_FOOTER_SIZE)
 from ..vfs import FileSystem
-from .block import Block
+from .block import Block, find_whole
 from .filter_builder import round_up_pages
 from .filter_reader import PartitionedFilter
 from .footer import Footer
@@ -115,8 +115,9 @@ class Table:
         # (offsets < 2**48 as files are; a negative id for anonymous tables stays distinct).
         base = self._cache_id << 48
         self._cache_keys = [base + o for o in self._offsets]
-        # Block search: a pure binary search when every entry is a restart point.
-        self._find = Block.get_whole if props.restart_interval == 1 else Block.get
+        # Every entry a restart point: Table.get searches block contents with find_whole
+        # (a pure binary search) and the block cache holds contents, not Blocks.
+        self._whole = props.restart_interval == 1
         if n != props.num_data_blocks or (n and self._index_keys[-1] != props.largest_key) \
                 or (n == 0) != (props.num_entries == 0):
             raise CorruptionError("index disagrees with the properties", path=path,
@@ -170,26 +171,39 @@ class Table:
             return None
         self.data_blocks_read += 1
         cache = self._cache
-        if cache is None:
-            block = self._read_block(i, None)
+        if self._whole:  # restart interval 1: search the contents, no Block built or cached
+            if cache is None:
+                data = self._read_contents(i)
+            else:
+                ck = self._cache_keys[i]
+                data = cache.get(ck)
+                if data is None:
+                    data = self._read_contents(i)
+                    cache.insert(ck, data, len(data))
+            r = find_whole(data, key, self.path, self._offsets[i])
         else:
-            ck = self._cache_keys[i]
-            block = cache.get(ck)
-            if block is None:
-                block = self._read_block(i, ck)
-        r = self._find(block, key)
+            if cache is None:
+                block = Block(self._read_contents(i), path=self.path, offset=self._offsets[i])
+            else:
+                ck = self._cache_keys[i]
+                block = cache.get(ck)
+                if block is None:
+                    block = Block(self._read_contents(i), path=self.path,
+                                  offset=self._offsets[i])
+                    cache.insert(ck, block, len(block.data))
+            r = block.get(key)
+            data = block.data
         if r is None:
             return None
         if f is not None:
             f.true_positives += 1
         vs, ve = r
-        data = block.data
         if ve - vs >= 8:
             tag = _tag_at(data, vs)[0]
             kind = tag & 0xFF
             if kind == KIND_VALUE or kind == KIND_DELETE:
                 return tag >> 8, kind, data[vs + 8 : ve]
-        return self._decode(block, vs, ve)  # raises the CorruptionError
+        return self._decode(data, vs, ve, self._offsets[i])  # raises the CorruptionError
 
     def may_match(self, key: bytes) -> bool:
         """The filter's answer (range check included); True when the table has no filter."""
@@ -198,15 +212,16 @@ class Table:
         f = self._filter
         return f.may_match(key) if f is not None else self._nblocks > 0
 
-    def _decode(self, block: Block, vs: int, ve: int) -> tuple[int, int, bytes]:
+    def _decode(self, data: bytes, vs: int, ve: int, offset: int) -> tuple[int, int, bytes]:
+        """``(seq, kind, value)`` of the entry value at ``data[vs:ve]`` of the data block at
+        ``offset`` (named by the CorruptionError a malformed value raises)."""
         if ve - vs < ENTRY_TAG.size:
-            raise CorruptionError("entry shorter than its tag", path=self.path,
-                                  offset=block.offset)
-        tag = _tag_at(block.data, vs)[0]
+            raise CorruptionError("entry shorter than its tag", path=self.path, offset=offset)
+        tag = _tag_at(data, vs)[0]
         kind = tag & 0xFF
         if kind != KIND_VALUE and kind != KIND_DELETE:
-            raise CorruptionError(f"bad entry kind {kind}", path=self.path, offset=block.offset)
-        return tag >> 8, kind, block.data[vs + 8 : ve]
+            raise CorruptionError(f"bad entry kind {kind}", path=self.path, offset=offset)
+        return tag >> 8, kind, data[vs + 8 : ve]
 
     # -- scans -------------------------------------------------------------------------------
     def iterate(self, start: bytes | None = None, *, fill_cache: bool = True
@@ -220,24 +235,32 @@ class Table:
         decode = self._decode
         for i in range(first, self._nblocks):
             block = self._data_block(i, fill_cache)
+            data = block.data
+            offset = block.offset
             for key, vs, ve in block.entries(start if i == first else None):
-                seq, kind, value = decode(block, vs, ve)
+                seq, kind, value = decode(data, vs, ve, offset)
                 yield key, seq, kind, value
 
     def _data_block(self, i: int, fill_cache: bool = True) -> Block:
+        """Data block ``i`` as a :class:`Block` (for scans), through the block cache
+        (``fill_cache=False``: a block read from the file is not inserted)."""
         self.data_blocks_read += 1
         cache = self._cache
-        if cache is None:
-            return self._read_block(i, None)
-        ck = self._cache_keys[i]
-        block = cache.get(ck)
-        if block is None:
-            block = self._read_block(i, ck if fill_cache else None)
+        offset = self._offsets[i]
+        if cache is not None:
+            ck = self._cache_keys[i]
+            got = cache.get(ck)
+            if got is not None:  # interval-1 tables cache the contents, others the Block
+                return Block(got, path=self.path, offset=offset) if self._whole else got
+        contents = self._read_contents(i)
+        block = Block(contents, path=self.path, offset=offset)
+        if cache is not None and fill_cache:
+            cache.insert(ck, contents if self._whole else block, len(contents))
         return block
 
-    def _read_block(self, i: int, cache_key) -> Block:
-        """Read data block ``i`` from the file, verify it and insert it into the block cache
-        under ``cache_key`` (None: do not insert). Raises CorruptionError naming the offset."""
+    def _read_contents(self, i: int) -> bytes:
+        """Read data block ``i``'s contents from the file and verify its trailer. Raises
+        CorruptionError naming the block's offset (a short read, wrong type or bad CRC)."""
         if self._closed:
             raise ClosedError(f"table {self.path} is closed")
         offset = self._offsets[i]
@@ -250,11 +273,8 @@ class Table:
                 or mask(_crc_extend(_crc_value(contents), _DATA_TYPE_BYTE))
                 != _u32_at(raw, size + 1)[0]):
             contents = unseal(raw, BlockHandle(offset, size), BLOCK_TYPE_DATA, self.path)
-        block = Block(contents, path=self.path, offset=offset)
         self.data_block_file_reads += 1
-        if cache_key is not None:
-            self._cache.insert(cache_key, block, size)
-        return block
+        return contents
 
     # -- filter memory -----------------------------------------------------------------------
     @property
