@@ -1,8 +1,8 @@
 """A thread-safe LRU cache of decoded blocks, bounded in bytes (LevelDB's ``Cache``).
 
 Keys are hashables chosen by the tables (``Table`` packs its id and a block offset into one
-int); values are immutable block objects; each entry is charged the bytes its caller states
-(a block's contents length). When an
+int); values are immutable (a ``Block``, or the contents bytes of a block of a restart-interval-1
+table); each entry is charged the bytes its caller states (a block's contents length). When an
 insert takes the usage past the capacity, least-recently-used entries are dropped until it fits;
 an entry larger than the whole capacity is not kept at all.
 

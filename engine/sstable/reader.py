@@ -7,6 +7,9 @@ index in memory as plain lists. It neither reads nor maps the filter region.
 
 ``get`` checks the key range, then probes the key's filter partition (mapping the region on the
 first probe), and only on "may match" reads one data block (through the block cache, if any).
+Tables written with restart interval 1 (the properties say so) are searched by
+:func:`~engine.sstable.block.find_whole` on the verified contents, and the cache holds those
+contents; other tables build and cache a :class:`Block`.
 A checksum mismatch in a data block raises CorruptionError naming the file and offset; a filter
 partition that fails its checksum, or a filter policy this build does not know, answers "may
 match" and counts a ``filter_error``: errors never turn into a false "absent".
