@@ -55,7 +55,7 @@ class Options:
     table_workers: int = _opt(2, "worker processes that write flush and compaction tables off the GIL (0: the DB's own threads; always 0 with a custom fs)", lo=0)
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
-    restart_interval: int = _opt(16, "keys between restart points in a data block", lo=1)
+    restart_interval: int = _opt(1, "keys between restart points in a data block (1: keys stored whole, point reads binary-search the restart array)", lo=1)
     block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks, bytes (0: none)", lo=0)
     # -- filters ---------------------------------------------------------------------------------
     filter_policy: Any = _opt("blocked-bloom", "filter kind for new tables (None: no filters)")
