@@ -10,6 +10,7 @@ from __future__ import annotations
 import google_crc32c
 
 _MASK_DELTA = 0xA282EAD8
+MASK_DELTA = _MASK_DELTA  # for hot paths that inline mask() (engine/sstable/reader.py)
 _U32 = 0xFFFFFFFF
 
 _value = google_crc32c.value

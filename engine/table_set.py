@@ -35,8 +35,10 @@ _RETIRED_KEYS = ("data_blocks_read",)
 class TableSet:
     """Open tables keyed by file number, closed when their last reference goes."""
 
-    def __init__(self, fs, dirname: str, *, block_cache=None, residency=None):
+    def __init__(self, fs, dirname: str, *, block_cache=None, residency=None,
+                 mmap_reads: bool = False):
         self._fs = fs
+        self._mmap_reads = mmap_reads
         self._dirname = dirname
         self._block_cache = block_cache
         self._residency = residency
@@ -56,7 +58,8 @@ class TableSet:
             if t is not None:
                 return t
         t = Table.open(self._fs, table_file_name(self._dirname, number), file_number=number,
-                       block_cache=self._block_cache, residency=self._residency)
+                       block_cache=self._block_cache, residency=self._residency,
+                       mmap_reads=self._mmap_reads)
         with self._lock:
             have = self._tables.get(number)
             if have is not None:  # another thread opened it meanwhile

@@ -6,29 +6,46 @@ metaindex: two ``pread`` calls), verifies their checksums and keeps the index an
 index in memory as plain lists. It neither reads nor maps the filter region.
 
 ``get`` checks the key range, then probes the key's filter partition (mapping the region on the
-first probe), and only on "may match" reads one data block (through the block cache, if any).
+first probe), and only on "may match" reads one data block. How it reads the block:
+
+* ``mmap_reads=True`` (the DB's default, LevelDB's choice on 64-bit hosts): the data blocks
+  are mapped read-only (``MADV_RANDOM``) on the first get that needs one, and a block is a slice
+  of that mapping, its trailer checked on every read: no system call, and the block cache is
+  not consulted (the OS page cache is the cache; copying a 4 KiB block into an LRU costs more
+  than slicing it again, ``bench/results/db.md`` bench 6).
+* ``mmap_reads=False``: one ``pread`` per block through the block cache, if any.
+
 Tables written with restart interval 1 (the properties say so) are searched by
 :func:`~engine.sstable.block.find_whole` on the verified contents, and the cache holds those
-contents; other tables build and cache a :class:`Block`.
+contents; other tables build and cache a :class:`Block`. Scans (``iterate``) always read with
+``pread`` through the block cache, so the kernel's readahead serves them.
 A checksum mismatch in a data block raises CorruptionError naming the file and offset; a filter
 partition that fails its checksum, or a filter policy this build does not know, answers "may
 match" and counts a ``filter_error``: errors never turn into a false "absent".
 
 Thread safety: after ``open``, ``get``/``may_match``/``iterate``/``release_partition`` may run
 from many threads (statistics are plain ints, updated without a lock). REQUIRES: no call in
-flight when ``close`` runs; calls after ``close`` raise ClosedError.
+flight when ``close`` runs; calls after ``close`` raise ClosedError (a get racing ``close`` on a
+mapped table also gets ClosedError: slicing a closed mapping fails cleanly, it never reads
+another file).
+
+A mapped table's file must not shrink while it is open (the same rule as LevelDB's mapped
+reads): a page past the end of a truncated file raises SIGBUS. Tables are immutable and only
+the DB deletes them, after closing them.
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
 import struct
+import threading
 from bisect import bisect_left
 from typing import Iterator
 
 import google_crc32c
 
-from ..checksum import mask
+from ..checksum import MASK_DELTA as _MASK_DELTA, mask
 from ..errors import ClosedError, CorruptionError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
@@ -65,12 +82,16 @@ def _filter_decoder(name: str, params: dict):
 class Table:
     """An open, immutable table. See the module docstring; build with :meth:`open`."""
 
-    def __init__(self, file, path: str, file_number: int, block_cache, residency):
+    def __init__(self, file, path: str, file_number: int, block_cache, residency,
+                 mmap_reads: bool = False):
         self._file = file
         self.path = path
         self.file_number = file_number
         self.file_size = size = file.size
         self._cache = block_cache
+        self._scan_cache = block_cache  # iterate() reads through the cache in both modes
+        self._data_map: mmap.mmap | None = None
+        self._map_lock = threading.Lock()
         # Blocks of tables opened without a file number must not collide in a shared cache.
         self._cache_id = file_number if file_number else -next(_anonymous_ids)
         self._closed = False
@@ -125,6 +146,11 @@ class Table:
                 or (n == 0) != (props.num_entries == 0):
             raise CorruptionError("index disagrees with the properties", path=path,
                                   offset=footer.index.offset)
+        # Mapped reads: gets bypass the block cache (module docstring); an empty table has
+        # nothing to map.
+        self._mapped = mmap_reads and n > 0
+        if self._mapped:
+            self._cache = None
         self._filter: PartitionedFilter | None = None
         fi = handles.get(META_FILTER_INDEX)
         region_offset = round_up_pages(props.data_bytes)
@@ -143,15 +169,18 @@ class Table:
 
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
-             residency=None) -> "Table":
+             residency=None, mmap_reads: bool = False) -> "Table":
         """Open the table at ``path``: reads the footer and the metadata tail only.
+
+        ``mmap_reads``: gets read data blocks from a read-only mapping of the data region
+        (made on the first such read, not here) instead of ``pread`` + block cache.
 
         Raises CorruptionError (naming the file and offset) if they fail a checksum or the
         format, StorageIOError if the file cannot be read.
         """
         file = fs.open_readable(path)
         try:
-            return cls(file, path, file_number, block_cache, residency)
+            return cls(file, path, file_number, block_cache, residency, mmap_reads)
         except BaseException:
             file.close()
             raise
@@ -173,8 +202,26 @@ class Table:
         if i == self._nblocks:
             return None
         self.data_blocks_read += 1
-        cache = self._cache
-        if self._whole:  # restart interval 1: search the contents, no Block built or cached
+        m = self._data_map
+        if m is not None and self._whole:
+            # Mapped, restart interval 1 (the default): _read_contents inlined. Contents and
+            # trailer are sliced apart (one copy of the block), the CRC check is mask() inlined.
+            off = self._offsets[i]
+            end = off + self._sizes[i]
+            try:
+                data = m[off:end]
+                t = m[end : end + BLOCK_TRAILER_SIZE]
+            except ValueError:  # the mapping was closed: close() ran
+                raise ClosedError(f"table {self.path} is closed") from None
+            c = _crc_extend(_crc_value(data), _DATA_TYPE_BYTE)
+            if (len(t) != BLOCK_TRAILER_SIZE or t[0] != BLOCK_TYPE_DATA
+                    or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+                    != _u32_at(t, 1)[0]):
+                data = self._read_contents(i)  # raises the CorruptionError naming the failure
+            self.data_block_file_reads += 1
+            r = find_whole(data, key, self.path, off)
+        elif self._whole:  # restart interval 1: search the contents, no Block built or cached
+            cache = self._cache
             if cache is None:
                 data = self._read_contents(i)
             else:
@@ -185,6 +232,7 @@ class Table:
                     cache.insert(ck, data, len(data))
             r = find_whole(data, key, self.path, self._offsets[i])
         else:
+            cache = self._cache
             if cache is None:
                 block = Block(self._read_contents(i), path=self.path, offset=self._offsets[i])
             else:
@@ -248,27 +296,39 @@ class Table:
         """Data block ``i`` as a :class:`Block` (for scans), through the block cache
         (``fill_cache=False``: a block read from the file is not inserted)."""
         self.data_blocks_read += 1
-        cache = self._cache
+        cache = self._scan_cache
         offset = self._offsets[i]
         if cache is not None:
             ck = self._cache_keys[i]
             got = cache.get(ck)
             if got is not None:  # interval-1 tables cache the contents, others the Block
                 return Block(got, path=self.path, offset=offset) if self._whole else got
-        contents = self._read_contents(i)
+        contents = self._read_contents(i, False)
         block = Block(contents, path=self.path, offset=offset)
         if cache is not None and fill_cache:
             cache.insert(ck, contents if self._whole else block, len(contents))
         return block
 
-    def _read_contents(self, i: int) -> bytes:
-        """Read data block ``i``'s contents from the file and verify its trailer. Raises
-        CorruptionError naming the block's offset (a short read, wrong type or bad CRC)."""
-        if self._closed:
-            raise ClosedError(f"table {self.path} is closed")
+    def _read_contents(self, i: int, mapped: bool = True) -> bytes:
+        """Read data block ``i``'s contents and verify its trailer: from the mapping if the
+        table reads mapped (and ``mapped``), else with one ``pread``. Raises CorruptionError
+        naming the block's offset (a short read, wrong type or bad CRC); ClosedError once the
+        table is closed."""
         offset = self._offsets[i]
         size = self._sizes[i]
-        raw = self._file.read_at(offset, size + BLOCK_TRAILER_SIZE)
+        m = self._data_map
+        if m is not None and mapped:
+            try:
+                raw = m[offset : offset + size + BLOCK_TRAILER_SIZE]
+            except ValueError:  # the mapping was closed: close() ran
+                raise ClosedError(f"table {self.path} is closed") from None
+        elif self._closed:
+            raise ClosedError(f"table {self.path} is closed")
+        elif mapped and self._mapped:
+            self._map_data()
+            return self._read_contents(i)
+        else:
+            raw = self._file.read_at(offset, size + BLOCK_TRAILER_SIZE)
         contents = raw[:size]
         # Fast check of the trailer (type byte, then the masked CRC32C of contents + type);
         # anything else goes through unseal, which names the exact failure.
@@ -278,6 +338,21 @@ class Table:
             contents = unseal(raw, BlockHandle(offset, size), BLOCK_TYPE_DATA, self.path)
         self.data_block_file_reads += 1
         return contents
+
+    def _map_data(self) -> None:
+        """Map the data blocks ``[0, data_bytes)`` read-only, ``MADV_RANDOM`` (no readahead
+        for point reads). Once per table; concurrent first readers wait for one mapping."""
+        with self._map_lock:
+            if self._data_map is not None:
+                return
+            if self._closed:
+                raise ClosedError(f"table {self.path} is closed")
+            m = self._file.map(0, self.properties.data_bytes)
+            try:
+                m.madvise(mmap.MADV_RANDOM)
+            except (AttributeError, OSError):  # advice only: reads are right without it
+                pass
+            self._data_map = m
 
     # -- filter memory -----------------------------------------------------------------------
     @property
@@ -346,6 +421,10 @@ class Table:
         self._closed = True
         if self._filter is not None:
             self._filter.close()
+        with self._map_lock:
+            m, self._data_map = self._data_map, None
+        if m is not None:
+            m.close()
         self._file.close()
 
     def __enter__(self):
