@@ -1,12 +1,15 @@
 """``sievekv put | get | delete | scan | load``: the data path, through the router.
 
-Keys and values are given and printed in ``--encoding`` (text, hex, base64; see codec.py).
+Keys and values are given and printed in ``--encoding`` (text, hex, base64; see codec.py);
+``put KEY -`` and ``--value-file`` take the value's raw bytes (value_source.py).
 ``get`` prints the value and a newline; in text encoding the value's bytes are written as
 they are. An absent key exits 5 (NOT_FOUND) with a one-line message. ``scan`` writes records
 in the format ``load`` reads (records.py), so a scan can be loaded back. ``load`` sends batches
-of ``--batch`` records (and at most 1 MiB) as atomic-per-shard Write calls; progress goes to
-stderr. If a batch fails, ``load`` stops, says which input lines are certainly loaded and
-which shards applied the failed batch, and exits 4 (PARTIAL) when anything was loaded.
+of ``--batch`` records (and at most BATCH_BYTES of protobuf) as atomic-per-shard Write calls;
+progress goes to stderr. A record over the cluster's limits (sizes.py) or a bad input line
+stops ``load`` before it is sent: the records before it are loaded, the line is named, exit 2.
+If a batch fails, ``load`` stops, says which input lines are certainly loaded and which shards
+applied the failed batch, and exits 4 (PARTIAL) when anything was loaded.
 """
 
 from __future__ import annotations
@@ -14,26 +17,30 @@ from __future__ import annotations
 import sys
 import time
 
+from shard.limits import Limits
+
 from ..client_errors import ClientError, PartialWriteError
 from ..humanize import format_bytes, format_count
 from . import target
 from .codec import decode, encode
 from .exit_codes import NOT_FOUND, OK, PARTIAL, USAGE, CliError, code_for_grpc, from_client_error
 from .records import format_record, guess_format, iter_records
+from .sizes import SYNC_FIELD_BYTES, cluster_limits, mutation_bytes, record_problem
+from .value_source import read_value
 
 DEFAULT_TIMEOUT = 30.0
-BATCH_BYTES = 1 << 20
+BATCH_BYTES = 1 << 20  # largest Write of several records, protobuf bytes (sizes.py)
+MAX_SCAN_LIMIT = 2**64 - 1  # ScanRequest.limit is a uint64
 
 
-def _client(args):
+def _client(args, limits: Limits | None = None):
+    """A Client for the router, its messages sized by the cluster's limits (sizes.py)."""
     from ..client import Client
 
     address = target.router_address(args)
-    kw = {}
-    limit = target.max_value_size(args)
-    if limit is not None:
-        kw["max_value_bytes"] = limit
-    return Client(address, timeout=getattr(args, "timeout", None) or DEFAULT_TIMEOUT, **kw)
+    limits = limits or cluster_limits(args)
+    return Client(address, timeout=getattr(args, "timeout", None) or DEFAULT_TIMEOUT,
+                  max_value_bytes=limits.max_value_bytes)
 
 
 def _arg(s: str | None, args, what: str) -> bytes | None:
@@ -61,8 +68,10 @@ def _call(what: str, fn, *a, **kw):
 
 
 def cmd_put(args) -> int:
-    key, value = _key(args), _arg(args.value, args, "value")
-    with _client(args) as c:
+    key = _key(args)
+    limits = cluster_limits(args)
+    value = read_value(args, key, limits)
+    with _client(args, limits) as c:
         _call("put", c.put, key, value, sync=True if args.sync else None)
     print("OK")
     return OK
@@ -93,8 +102,8 @@ def cmd_delete(args) -> int:
 
 def cmd_scan(args) -> int:
     start, end = _arg(args.start, args, "--start"), _arg(args.end, args, "--end")
-    if args.limit < 0:
-        raise CliError("--limit: must be >= 0", USAGE)
+    if not 0 <= args.limit <= MAX_SCAN_LIMIT:
+        raise CliError(f"--limit: must be in 0..{MAX_SCAN_LIMIT}", USAGE)
     if start is not None and end is not None and start >= end:
         raise CliError("--start must be before --end", USAGE)
     out = sys.stdout.buffer
@@ -160,30 +169,42 @@ def cmd_load(args) -> int:
     progress = _Progress(args.quiet)
     loaded = nbytes = 0
     batch: list[tuple[bytes, bytes]] = []
-    batch_bytes = 0
-    first_line = last_line = 0
+    batch_bytes = 0  # keys and values, for the progress line
     sync = True if args.sync else None
+    empty_wire = SYNC_FIELD_BYTES if sync is not None else 0
+    batch_wire = empty_wire  # the batch's WriteRequest, protobuf bytes
+    first_line = last_line = 0
     try:
         with _client(args) as c:
             def send():
-                nonlocal loaded, nbytes, batch, batch_bytes
+                nonlocal loaded, nbytes, batch, batch_bytes, batch_wire
                 try:
                     c.write(batch, sync=sync)
                 except ClientError as exc:
                     raise _load_failure(exc, loaded, first_line, last_line) from None
                 loaded += len(batch)
                 nbytes += batch_bytes
-                batch, batch_bytes = [], 0
+                batch, batch_bytes, batch_wire = [], 0, empty_wire
                 progress.update(loaded, nbytes)
 
             try:
                 for lineno, key, value in iter_records(stream, fmt, args.encoding, first):
+                    # A record the cluster refuses is reported with its line before anything
+                    # is sent; a batch of several records stays within BATCH_BYTES, which
+                    # every message limit (value limit + 1 MiB) admits.
+                    problem = record_problem(key, value, c.limits, sync)
+                    if problem is not None:
+                        raise ValueError(f"line {lineno}: record too large: {problem}")
+                    size = mutation_bytes(len(key), len(value))
+                    if batch and batch_wire + size > BATCH_BYTES:
+                        send()
                     if not batch:
                         first_line = lineno
                     batch.append((key, value))
                     batch_bytes += len(key) + len(value)
+                    batch_wire += size
                     last_line = lineno
-                    if len(batch) >= args.batch or batch_bytes >= BATCH_BYTES:
+                    if len(batch) >= args.batch:
                         send()
             except ValueError as exc:
                 where = path or "stdin"
@@ -208,8 +229,9 @@ def _load_failure(exc: ClientError, loaded: int, first: int, last: int) -> CliEr
             (applied if r.applied else failed).append(r.shard)
     lines = (exc.details or "").strip().splitlines()
     detail = lines[0] if lines else ""
-    msg = (f"load stopped: the batch of input lines {first}-{last} failed "
-           f"({exc.code.name}: {detail}); the {loaded} records before line {first} are loaded")
+    which = f"input line {first}" if first == last else f"the batch of input lines {first}-{last}"
+    msg = (f"load stopped: {which} failed ({exc.code.name}: {detail}); the {loaded} records "
+           f"before line {first} are loaded")
     if applied:
         msg += (f"; of that batch, shards {', '.join(applied)} applied their part and "
                 f"{', '.join(failed)} did not")

@@ -4,6 +4,8 @@
   ``--config`` / ``$SIEVEKV_CONFIG``, else the embedded default's (``./sievekv-data``).
 * The router address: ``--router``, else ``$SIEVEKV_ROUTER``, else the state file in that data
   directory (written by the supervisor of a running cluster).
+* The value limit (what ``put`` and ``load`` check before sending): the ``[limits]
+  max_value_size`` of the config in that state file, else of the config itself.
 
 Raises CliError (USAGE for a bad config, UNREACHABLE when there is no running cluster).
 """
@@ -21,10 +23,17 @@ def config_path(args) -> str | None:
     return getattr(args, "config", None) or os.environ.get("SIEVEKV_CONFIG") or None
 
 
+def data_dir_override(args) -> str | None:
+    """``"--data-dir"`` or ``"$SIEVEKV_DATA_DIR"`` when one replaces the config's data_dir."""
+    if getattr(args, "data_dir", None):
+        return "--data-dir"
+    return "$SIEVEKV_DATA_DIR" if os.environ.get("SIEVEKV_DATA_DIR") else None
+
+
 def load_config(args, *, check_filters: bool = True) -> ClusterConfig:
-    """The config named by the arguments/environment (embedded default if none).
-    ``check_filters=False``: see router.config.load (for commands that only need the
-    data directory, so they do not import numpy)."""
+    """The config named by the arguments/environment (embedded default if none), with
+    --data-dir / $SIEVEKV_DATA_DIR applied. ``check_filters=False``: see router.config.load
+    (for commands that only need the data directory, so they do not import numpy)."""
     data_dir = getattr(args, "data_dir", None) or os.environ.get("SIEVEKV_DATA_DIR") or None
     try:
         return load(config_path(args), data_dir=data_dir, check_filters=check_filters)
@@ -47,8 +56,15 @@ def read_state(args) -> dict:
 
 
 def check_router_address(address: str) -> str:
-    """``address`` if it is HOST:PORT with a port in 1..65535; ValueError (one line) if not."""
-    _, port = split_address(address)
+    """``address`` if it is HOST:PORT with a port in 1..65535 and an IPv6 host in brackets
+    (``[::1]:50051``); ValueError (one line) if not (gRPC would fail to resolve it and the
+    command would report the cluster as unreachable)."""
+    host, port = split_address(address)
+    raw_host = address.rpartition(":")[0]
+    bracketed = raw_host.startswith("[") and raw_host.endswith("]")
+    if "[" in host or "]" in host or (":" in host and not bracketed):
+        raise ValueError(f"expected host:port with an IPv6 host in brackets "
+                         f"([::1]:50051), got {address!r}")
     if port == 0:
         raise ValueError(f"port of {address!r} must be in 1..65535")
     return address
@@ -74,11 +90,16 @@ def router_address(args) -> str:
     return addr
 
 
-def max_value_size(args) -> int | None:
-    """The value limit of the cluster in the state file, if there is one (the client sizes its
-    gRPC messages by it); None when unknown."""
+def max_value_size(args) -> int:
+    """The cluster's value limit (the client sizes its gRPC messages by it; put and load check
+    values against it): from the config recorded in the state file, else from the config
+    (--config / $SIEVEKV_CONFIG / the embedded default). A config that cannot be loaded is a
+    CliError (USAGE) even when --router makes the state file unnecessary."""
     try:
         doc = cs.read_state(data_dir(args))
-    except (cs.StateError, CliError):
-        return None
-    return doc.get("config", {}).get("limits", {}).get("max_value_size")
+    except cs.StateError:
+        doc = {}
+    limit = doc.get("config", {}).get("limits", {}).get("max_value_size")
+    if isinstance(limit, int):
+        return limit
+    return load_config(args, check_filters=False).limits.max_value_size
