@@ -24,6 +24,19 @@ $SIEVEKV_DATA_DIR, or ./sievekv-data; data commands use --router / $SIEVEKV_ROUT
 router address recorded by `cluster start`."""
 
 
+PUT_EPILOG = """\
+values:
+  sievekv put KEY VALUE              VALUE decoded by --encoding, like KEY
+  sievekv put KEY - < FILE           the value is stdin's raw bytes (no decoding, no newline
+                                     stripped, whatever --encoding says about KEY)
+  sievekv put KEY --value-file FILE  the value is FILE's raw bytes
+  printf %s - | sievekv put KEY -    stores the one-character value "-"
+  sievekv put KEY -- -x              a VALUE starting with "-" goes after --
+A value over the cluster's value limit exits 2 with the server's INVALID_ARGUMENT line.
+
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2 (USAGE)."""
 
@@ -31,15 +44,20 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)", USAGE)
 
 
+MAX_SECONDS = 1e6  # gRPC deadlines overflow near 9.2e9 s: every call then fails at once
+
+
 def _seconds(text: str) -> float:
-    """argparse type of --timeout: a positive, finite number of seconds (0 or a negative
-    deadline would silently mean "the default" or fail every call as unreachable)."""
+    """argparse type of --timeout: a positive number of seconds up to MAX_SECONDS (0 or a
+    negative deadline would silently mean "the default" or fail every call as unreachable,
+    and a huge one fails every call with DEADLINE_EXCEEDED)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    if not 0 < v <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, at most {MAX_SECONDS:.0f}, got {text}")
     return v
 
 
@@ -82,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(parent, name, func, help_, router=False, **kw):
-        p = parent.add_parser(name, help=help_, description=help_, epilog=exit_codes.epilog(),
+        kw.setdefault("epilog", exit_codes.epilog())
+        p = parent.add_parser(name, help=help_, description=help_,
                               formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
         _common(p, router=router)
         p.set_defaults(func=func)
@@ -111,9 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- data ----------------------------------------------------------------------------
-    p = command(sub, "put", data_cmds.cmd_put, "store VALUE under KEY", router=True)
+    p = command(sub, "put", data_cmds.cmd_put,
+                "store VALUE under KEY; VALUE - reads the value from standard input",
+                router=True, epilog=PUT_EPILOG + exit_codes.epilog())
     p.add_argument("key")
-    p.add_argument("value")
+    p.add_argument("value", nargs="?",
+                   help="the value (in --encoding); -: read standard input, raw bytes")
+    p.add_argument("--value-file", metavar="PATH",
+                   help="read the value from PATH, raw bytes (-: standard input)")
     _encoding(p)
     p.add_argument("--sync", action="store_true", help="fsync the shard's log before replying")
     p = command(sub, "get", data_cmds.cmd_get,
@@ -156,13 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
     command(sub, "compact", report_cmds.cmd_compact, "compact every shard fully", router=True)
 
     # -- config --------------------------------------------------------------------------
-    cf = sub.add_parser("config", help="print or check a cluster config")
+    cf = sub.add_parser("config", help="print or check a cluster config",
+                        description="default: the embedded config file; show: the effective "
+                                    "config (--config, else $SIEVEKV_CONFIG, else the embedded "
+                                    "default) as TOML; check: validate it, print it as JSON.")
     fsub = cf.add_subparsers(dest="config_command", metavar="ACTION", parser_class=_Parser)
-    cf.set_defaults(func=lambda a: cf.error("missing ACTION: default or check"))
+    cf.set_defaults(func=lambda a: cf.error("missing ACTION: default, show or check"))
     command(fsub, "default", report_cmds.cmd_config_default,
-            "print the embedded default config (every option, documented)")
-    p = command(fsub, "check", report_cmds.cmd_config_check,
-                "validate a config and print it resolved, as JSON")
+            "print the embedded default config file (every option, documented); it ignores "
+            "--config and $SIEVEKV_CONFIG: see `config show`")
+    command(fsub, "show", report_cmds.cmd_config_show,
+            "print the effective config (--config, else $SIEVEKV_CONFIG, else the embedded "
+            "default; --data-dir / $SIEVEKV_DATA_DIR applied) as TOML with every option "
+            "resolved: `config show > f.toml` gives a file `config check --config f.toml` "
+            "accepts")
+    command(fsub, "check", report_cmds.cmd_config_check,
+            "validate the effective config (as `config show` resolves it) and print it "
+            "resolved, as JSON")
     return root
 
 

@@ -11,10 +11,10 @@ import sys
 
 import grpc
 
-from ..config import ConfigError, default_config_text, load
+from ..config import default_config_text
 from ..humanize import format_bytes, format_count
-from . import rpc, target
-from .exit_codes import OK, PARTIAL, USAGE, CliError, from_rpc_error
+from . import config_toml, rpc, target
+from .exit_codes import ERROR, OK, PARTIAL, CliError, from_rpc_error
 from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
 from .table import render
 
@@ -162,14 +162,35 @@ def cmd_compact(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def cmd_config_default(args) -> int:
+    """The embedded default, whatever --config / $SIEVEKV_CONFIG say (a note on stderr says
+    so when one is set: the effective config is `config show`)."""
+    named = target.config_path(args)
+    if named:
+        print(f"sievekv: note: this is the embedded default config, not {named}; "
+              f"`sievekv config show` prints the effective one", file=sys.stderr, flush=True)
     sys.stdout.write(default_config_text())
     return OK
 
 
-def cmd_config_check(args) -> int:
+def cmd_config_show(args) -> int:
+    """The effective config (--config / $SIEVEKV_CONFIG / embedded default, with --data-dir /
+    $SIEVEKV_DATA_DIR applied) as a complete, loadable TOML file."""
+    cfg = target.load_config(args)
+    header = [f"sievekv effective configuration (`sievekv config show`), resolved from "
+              f"{cfg.source}."]
+    override = target.data_dir_override(args)
+    if override:
+        header.append(f"data_dir comes from {override}.")
+    header += ["Every option is given; `sievekv config check --config FILE` loads it back."]
     try:
-        cfg = load(target.config_path(args), data_dir=getattr(args, "data_dir", None))
-    except ConfigError as exc:
-        raise CliError(str(exc), USAGE) from None
+        text = config_toml.render(cfg, "\n".join(header))
+    except ValueError as exc:
+        raise CliError(f"config show: {exc}", ERROR) from None
+    sys.stdout.write(text)
+    return OK
+
+
+def cmd_config_check(args) -> int:
+    cfg = target.load_config(args)
     print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     return OK
