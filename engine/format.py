@@ -18,7 +18,8 @@ KIND_VALUE = 1  # a live value
 # ---------------------------------------------------------------------------------------------
 # SSTable (docs/format.md, "SSTable")
 # ---------------------------------------------------------------------------------------------
-TABLE_FORMAT_VERSION = 1  # "SSTable", "Versions"
+TABLE_FORMAT_VERSION = 2  # "SSTable", "Versions": what the writer writes
+TABLE_FORMAT_VERSIONS_READ = (1, 2)  # versions a reader accepts
 TABLE_MAGIC = 0x5349455645545331  # b"SIEVETS1" read as a big-endian u64; "SSTable", "Footer"
 # Footer: metaindex (u64 offset, u32 size), index (u64 offset, u32 size), u64 meta_start,
 # u32 format version, u32 masked CRC32C of the 36 bytes before it, u64 magic ("Footer").
@@ -28,6 +29,12 @@ TABLE_FOOTER_SIZE = TABLE_FOOTER.size  # 48
 BLOCK_TRAILER = struct.Struct("<BI")
 BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size  # 5
 BLOCK_TYPE_DATA = 1  # "Block trailer": the type byte names what the handle must point at
+# Data block hash index ("Data block hash index", format version 2): bit 31 of a block's last
+# u32 says the block ends with a hash index: slot u8 x B, then B as u16, before that u32.
+BLOCK_HASH_FLAG = 1 << 31
+BLOCK_HASH_SEED = 0x53484958  # b"SHIX": mmh3.hash(key, seed, signed=False) % B picks a slot
+BLOCK_HASH_MAX_ENTRIES = 255  # a slot holds entry index + 1 in one byte; 0 = empty
+BLOCK_HASH_SLOTS_PER_ENTRY = 2  # B = 2 x entries: load <= 1/2 for linear probing
 BLOCK_TYPE_INDEX = 2
 BLOCK_TYPE_FILTER_INDEX = 3
 BLOCK_TYPE_PROPERTIES = 4

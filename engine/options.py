@@ -56,6 +56,7 @@ class Options:
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
     restart_interval: int = _opt(1, "keys between restart points in a data block (1: keys stored whole, point reads binary-search the restart array)", lo=1)
+    data_block_hash_index: bool = _opt(True, "with restart_interval 1, end each data block with a hash index (2 bytes per entry) so a get hashes to its entry instead of binary-searching")
     block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks read by scans, and by gets when mmap_reads is off (bytes, 0: none)", lo=0)
     mmap_reads: bool = _opt(True, "gets read data blocks from a read-only memory mapping of each table (LevelDB's default on 64-bit), checksum verified per read, bypassing the block cache; False: pread through the block cache")
     # -- filters ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine.errors import CorruptionError
-from engine.format import BLOCK_TYPE_DATA, BLOCK_TYPE_INDEX
+from engine.format import (BLOCK_HASH_FLAG, BLOCK_HASH_MAX_ENTRIES, BLOCK_HASH_SEED,
+                           BLOCK_TYPE_DATA, BLOCK_TYPE_INDEX)
 from engine.sstable.block import Block, find_whole
 from engine.sstable.block_builder import BlockBuilder
 from engine.sstable.coding import encode_varint, get_varint
@@ -32,8 +33,12 @@ def test_varint_truncated_or_overlong_is_an_error():
 
 
 # -- blocks ----------------------------------------------------------------------------------
-def build(entries, interval):
-    b = BlockBuilder(interval)
+def _u32(b):
+    return int.from_bytes(b, "little")
+
+
+def build(entries, interval, hash_index=False):
+    b = BlockBuilder(interval, hash_index)
     for k, v in entries:
         b.add(k, v)
     est = b.current_size_estimate()
@@ -76,6 +81,82 @@ def test_get_whole_agrees_with_get_on_any_block(entries, interval, probe):
     for k, _ in entries:  # neighbours of present keys: absent unless present
         for near in (k + b"\x00", k[:-1]):
             assert block.get_whole(near) == block.get(near)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.binary(max_size=140), st.binary(max_size=160), max_size=300).map(
+    lambda d: sorted(d.items())), st.binary(max_size=140))
+def test_hash_index_answers_like_binary_search(entries, probe):
+    """A block written with a hash index (interval 1) answers every present key, its
+    neighbours and a random probe exactly as the binary search of a block without one; entries
+    and scans are unchanged; more than BLOCK_HASH_MAX_ENTRIES entries get no index."""
+    hashed = build(entries, 1, hash_index=True)
+    plain = build(entries, 1)
+    flagged = bool(_u32(hashed.data[-4:]) & BLOCK_HASH_FLAG)
+    assert flagged == (0 < len(entries) <= BLOCK_HASH_MAX_ENTRIES)
+    if flagged:
+        assert len(hashed.data) == len(plain.data) + 2 * len(entries) + 2
+    assert list(hashed.entries()) == list(plain.entries())
+    assert hashed.entries_end == plain.entries_end
+
+    def value(block, k):
+        r = block.get_whole(k)
+        return None if r is None else block.data[r[0]:r[1]]
+
+    for k, v in entries:
+        assert value(hashed, k) == v
+        assert hashed.get(k) == plain.get(k)  # the binary search still works on it
+        for near in (k + b"\x00", k[:-1]):
+            assert value(hashed, near) == value(plain, near)
+    assert value(hashed, probe) == value(plain, probe)
+
+
+def test_hash_slots_follow_the_spec():
+    """Slot of entry i = first free slot from mmh3(key, BLOCK_HASH_SEED) % B, linear probing,
+    B = 2 x entries; slots store i + 1 (docs/format.md, "Data block hash index")."""
+    import mmh3
+    import struct
+    entries = [(b"k%03d" % i, b"v") for i in range(40)]
+    data = build(entries, 1, hash_index=True).data
+    count = struct.unpack_from("<I", data, len(data) - 4)[0]
+    assert count == BLOCK_HASH_FLAG | 40
+    nb = struct.unpack_from("<H", data, len(data) - 6)[0]
+    assert nb == 80
+    slots = data[len(data) - 6 - nb : len(data) - 6]
+    mine = bytearray(nb)
+    for i, (k, _) in enumerate(entries, 1):
+        s = mmh3.hash(k, BLOCK_HASH_SEED, signed=False) % nb
+        while mine[s]:
+            s = (s + 1) % nb
+        mine[s] = i
+    assert slots == bytes(mine)
+    assert sorted(x for x in slots if x) == list(range(1, 41))
+
+
+def test_damaged_hash_index_raises_corruption_or_answers_right():
+    """Any bit of a hashed block's index structures flipped (restart array, slots, slot count,
+    restart count; no checksum here): each lookup answers right or raises CorruptionError
+    naming the block, never another exception, never another entry's value."""
+    rng = random.Random(12)
+    entries = [(b"key%05d" % i, b"v%d" % i) for i in range(0, 300, 7)]
+    good = build(entries, 1, hash_index=True).data
+    entries_end = len(good) - 4 - 2 - 2 * len(entries) - 4 * len(entries)
+    truth = dict(entries)
+    outcomes = set()
+    for _ in range(1500):
+        bad = bytearray(good)
+        bad[rng.randrange(entries_end, len(bad))] ^= 1 << rng.randrange(8)
+        for k in [k for k, _ in entries] + [b"key00001", b"zz"]:
+            try:
+                r = find_whole(bytes(bad), k, "f", 9)
+            except CorruptionError as exc:
+                assert exc.path == "f" and exc.offset == 9
+                outcomes.add("corruption")
+                continue
+            if r is not None:  # found: it must be the key's own value
+                assert bytes(bad[r[0]:r[1]]) == truth[k]
+            outcomes.add("ok")
+    assert outcomes == {"ok", "corruption"}
 
 
 def test_get_whole_on_damaged_blocks_raises_corruption_not_index_error():

@@ -269,3 +269,40 @@ def test_filter_partitions_sit_on_whole_pages(tmp_path, fs):
         assert all(0 < s <= FILTER_PAGE_SIZE for s in f._sizes)
         assert f.region_offset == region
         assert sum(f.num_keys) == len(entries)
+
+
+def test_format_version_1_tables_still_read(tmp_path, fs):
+    """Tables written before the data block hash index (format version 1: no index, footer
+    version 1) read exactly as before; version 2 tables carry the index in every data block."""
+    import struct
+
+    from engine.checksum import masked_crc
+    from engine.format import BLOCK_HASH_FLAG, TABLE_FOOTER_SIZE
+    from engine.sstable.block import Block
+
+    rng = random.Random(42)
+    entries = random_entries(rng, 3000)
+    v2 = str(tmp_path / "v2.sst")
+    write_table(fs, v2, entries)
+    v1 = str(tmp_path / "v1.sst")
+    write_table(fs, v1, entries, data_block_hash_index=False)
+    raw = bytearray(open(v1, "rb").read())
+    foot = len(raw) - TABLE_FOOTER_SIZE
+    assert struct.unpack_from("<I", raw, foot + 32)[0] == 2
+    struct.pack_into("<I", raw, foot + 32, 1)
+    struct.pack_into("<I", raw, foot + 36, masked_crc(bytes(raw[foot:foot + 36])))
+    open(v1, "wb").write(raw)
+    for path, hashed in ((v1, False), (v2, True)):
+        for mmap_reads in (False, True):
+            with Table.open(fs, path, mmap_reads=mmap_reads) as t:
+                check_table(t, entries, rng)
+                first = t._read_contents(0, False)
+                assert bool(struct.unpack_from("<I", first, len(first) - 4)[0]
+                            & BLOCK_HASH_FLAG) == hashed
+                assert list(t.iterate()) == [tuple(e) for e in entries]
+    struct.pack_into("<I", raw, foot + 32, 3)
+    struct.pack_into("<I", raw, foot + 36, masked_crc(bytes(raw[foot:foot + 36])))
+    open(v1, "wb").write(raw)
+    from engine.errors import CorruptionError
+    with pytest.raises(CorruptionError, match="unsupported table format version 3"):
+        Table.open(fs, v1)

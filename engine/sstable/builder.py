@@ -49,7 +49,7 @@ class TableBuilder:
             raise InvalidArgumentError(f"table file {wfile.path} is not empty")
         self._file = wfile
         self._offset = 0
-        self._block = BlockBuilder(options.restart_interval)
+        self._block = BlockBuilder(options.restart_interval, options.data_block_hash_index)
         self._index = BlockBuilder(1)
         policy = _policy(options)
         self._filter = (PartitionedFilterBuilder(policy, options.partition_pages_bytes,

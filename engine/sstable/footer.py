@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..checksum import masked_crc
 from ..errors import CorruptionError
 from ..format import (BLOCK_TRAILER_SIZE, TABLE_FOOTER, TABLE_FOOTER_SIZE,
-                      TABLE_FORMAT_VERSION, TABLE_MAGIC)
+                      TABLE_FORMAT_VERSION, TABLE_FORMAT_VERSIONS_READ, TABLE_MAGIC)
 from .handle import BlockHandle
 
 _CRC_COVERS = TABLE_FOOTER_SIZE - 12  # every field before the CRC and the magic
@@ -45,7 +45,7 @@ class Footer:
                                   path=path, offset=at)
         if masked_crc(data[:_CRC_COVERS]) != crc:
             raise CorruptionError("footer checksum mismatch", path=path, offset=at)
-        if version != TABLE_FORMAT_VERSION:
+        if version not in TABLE_FORMAT_VERSIONS_READ:
             raise CorruptionError(f"unsupported table format version {version}",
                                   path=path, offset=at)
         for off, size in ((mo, ms), (io, is_)):
