@@ -180,11 +180,20 @@ def test_metrics_endpoints_answer(cluster):
 
 
 def _os_resident_filter_bytes(pid: int, shard_dir: str) -> int:
-    """RSS of the shard process's mappings of its table files, as the OS reports it."""
+    """RSS of the shard process's mappings of its tables' filter regions, as the OS reports
+    it in /proc/PID/smaps. A table file has two mappings: its filter region, mapped from the
+    page-aligned region offset (> 0), and, with mmap_reads, its data blocks, mapped from file
+    offset 0; only the first kind counts here."""
     total = 0
-    for m in psutil.Process(pid).memory_maps(grouped=False):
-        if m.path.startswith(shard_dir + os.sep):
-            total += m.rss
+    counting = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 5)
+            if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+                path = head[5].strip() if len(head) == 6 else ""
+                counting = path.startswith(shard_dir + os.sep) and int(head[2], 16) > 0
+            elif counting and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
     return total
 
 
