@@ -23,7 +23,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from .errors import LockedError, StorageIOError
+from .errors import ClosedError, LockedError, StorageIOError
 
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -108,7 +108,10 @@ class WritableFile:
 
 
 class RandomAccessFile:
-    """A read-only file read with positional reads; safe for concurrent readers."""
+    """A read-only file read with positional reads; safe for concurrent readers, and against
+    a :meth:`close` racing them: the descriptor is closed only once no read or map is using
+    it, so a read in flight never reaches another file that reused the number (it completes
+    on this file), and a read started after close raises ClosedError."""
 
     def __init__(self, fs: "FileSystem", path: str, fd: int, size: int):
         self._fs = fs
@@ -116,13 +119,32 @@ class RandomAccessFile:
         self._fd = fd
         self.size = size
         self.closed = False
+        self._mu = threading.Lock()
+        self._users = 0  # reads and maps using the descriptor now
+
+    def _enter(self) -> int:
+        with self._mu:
+            if self.closed:
+                raise ClosedError(f"file {self.path} is closed")
+            self._users += 1
+            return self._fd
+
+    def _leave(self) -> None:
+        with self._mu:
+            self._users -= 1
+            last = self.closed and not self._users
+        if last:  # close() ran while this call used the descriptor: close it now
+            os.close(self._fd)
 
     def read_at(self, offset: int, n: int) -> bytes:
         """Read up to ``n`` bytes at ``offset``; fewer only at end of file."""
+        fd = self._enter()
         try:
-            data = os.pread(self._fd, n, offset)
+            data = os.pread(fd, n, offset)
         except OSError as exc:
             raise _io_error(exc, "read", self.path) from exc
+        finally:
+            self._leave()
         c = self._fs.counters
         c.read_calls += 1
         c.bytes_read += len(data)
@@ -135,16 +157,25 @@ class RandomAccessFile:
         """
         if offset % mmap.ALLOCATIONGRANULARITY:
             raise ValueError(f"map offset {offset} is not page aligned")
+        fd = self._enter()
         try:
-            mm = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ, offset=offset)
+            mm = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=offset)
         except OSError as exc:
             raise _io_error(exc, "mmap", self.path) from exc
+        finally:
+            self._leave()
         self._fs.counters.maps += 1
         return mm
 
     def close(self) -> None:
-        if not self.closed:
+        """Close the file (idempotent); the descriptor goes when the last read using it ends.
+        Mappings made from it stay valid until their owners close them."""
+        with self._mu:
+            if self.closed:
+                return
             self.closed = True
+            busy = self._users
+        if not busy:
             os.close(self._fd)
 
     def __enter__(self):
