@@ -18,7 +18,8 @@ KIND_VALUE = 1  # a live value
 # ---------------------------------------------------------------------------------------------
 # SSTable (docs/format.md, "SSTable")
 # ---------------------------------------------------------------------------------------------
-TABLE_FORMAT_VERSION = 2  # "SSTable", "Versions": what the writer writes
+TABLE_FORMAT_VERSION = 2  # "SSTable", "Versions": tables with data block hash indexes
+TABLE_FORMAT_VERSION_PLAIN = 1  # what the writer writes when no data block has one
 TABLE_FORMAT_VERSIONS_READ = (1, 2)  # versions a reader accepts
 TABLE_MAGIC = 0x5349455645545331  # b"SIEVETS1" read as a big-endian u64; "SSTable", "Footer"
 # Footer: metaindex (u64 offset, u32 size), index (u64 offset, u32 size), u64 meta_start,

@@ -56,9 +56,9 @@ class Options:
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
     restart_interval: int = _opt(1, "keys between restart points in a data block (1: keys stored whole, point reads binary-search the restart array)", lo=1)
-    data_block_hash_index: bool = _opt(True, "with restart_interval 1, end each data block with a hash index (2 bytes per entry) so a get hashes to its entry instead of binary-searching")
+    data_block_hash_index: bool = _opt(True, "with restart_interval 1, end each data block of at most 255 entries with a hash index (2 bytes per entry) so a get hashes to its entry instead of binary-searching (blocks with more entries, e.g. tiny values in big blocks, get none)")
     block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks read by scans, and by gets when mmap_reads is off (bytes, 0: none)", lo=0)
-    mmap_reads: bool = _opt(True, "gets read data blocks from a read-only memory mapping of each table (LevelDB's default on 64-bit), checksum verified per read, bypassing the block cache; False: pread through the block cache")
+    mmap_reads: bool = _opt(True, "gets read data blocks from a read-only memory mapping of each table (LevelDB's default on 64-bit), checksum verified per read, bypassing the block cache; costs one more file descriptor per open table; a table the OS will not map reads with pread; a disk error under a mapped page ends the process (SIGBUS) instead of failing the read. False: pread through the block cache")
     # -- filters ---------------------------------------------------------------------------------
     filter_policy: Any = _opt("blocked-bloom", "filter kind for new tables (None: no filters)")
     bits_per_key: float = _opt(10.0, "filter bits per key on every level unless overridden", lo=0.0)

@@ -1,6 +1,7 @@
 """Blocks, varints and block trailers (engine/sstable/{coding,block_builder,block,handle}.py)."""
 
 import random
+import signal
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -157,6 +158,55 @@ def test_damaged_hash_index_raises_corruption_or_answers_right():
                 assert bytes(bad[r[0]:r[1]]) == truth[k]
             outcomes.add("ok")
     assert outcomes == {"ok", "corruption"}
+
+
+class _Hung(Exception):
+    pass
+
+
+def test_hash_probe_ends_even_when_no_slot_is_empty():
+    """engine/sstable/block.py find_whole: the probe loop ends only at an empty slot. A damaged
+    index with no empty slot (one bit flipped in a 1-entry block: slots [0, 1] -> [1, 1]) makes
+    every lookup of an absent key probe forever instead of raising CorruptionError. B > R
+    (what the reader checks) does not imply that some slot is empty once slots may repeat.
+    (Found in review; before the fix this test failed with _Hung after 2 s.)"""
+    b = BlockBuilder(1, hash_index=True)
+    b.add(b"k", b"v")
+    data = bytearray(b.finish())
+    n = len(data)
+    slots = data[n - 8 : n - 6]  # B = 2 slots before the u16 B and the u32 count
+    assert sorted(slots) == [0, 1]
+    data[n - 8 + slots.index(0)] = 1  # the empty slot now names entry 0 too
+    data = bytes(data)
+
+    def on_alarm(*_):
+        raise _Hung("find_whole still probing after 2 s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        with pytest.raises(CorruptionError):
+            find_whole(data, b"absent", "f", 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_hash_lookup_rejects_an_indexed_entry_that_shares_a_prefix():
+    """An entry the hash index names must be a restart point (shared = 0); with one-byte
+    headers a damaged shared byte was not checked, so find_whole answered where Block.get
+    reports corruption."""
+    b = BlockBuilder(1, hash_index=True)
+    for k in (b"aa", b"ab", b"ac"):
+        b.add(k, b"v")
+    data = bytearray(b.finish())
+    second = 3 + 2 + 1  # entry 0: 3 header bytes, key "aa", value "v"
+    assert data[second] == 0
+    data[second] = 1
+    with pytest.raises(CorruptionError):
+        find_whole(bytes(data), b"ab", "f", 0)
+    with pytest.raises(CorruptionError):
+        Block(bytes(data), path="f", offset=0).get(b"ab")
 
 
 def test_get_whole_on_damaged_blocks_raises_corruption_not_index_error():

@@ -79,6 +79,13 @@ def cluster(tmp_path_factory, request):
         stop_timeout = 10.0
         restart_delay = 0.2
     """))
+    return start_cluster(conf, request)
+
+
+def start_cluster(conf, request) -> dict:
+    """`sievekv cluster start --config conf` (data_dir "data" beside it), stopped by a
+    finalizer registered first, so a failed start is cleaned up too."""
+    d = conf.parent
     data_dir = str(d / "data")
 
     def finish():

@@ -26,7 +26,7 @@ from shard.limits import Limits
 from sievekv_proto import sievekv_pb2 as pb
 from engine.errors import InvalidArgumentError
 
-from .test_cli_e2e import kill_recorded, sievekv
+from .test_cli_e2e import sievekv, start_cluster
 
 LIMIT = 64 * 1024
 MESSAGE_LIMIT = LIMIT + (1 << 20)
@@ -57,16 +57,7 @@ def cluster(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("session2")
     conf = d / "cluster.toml"
     conf.write_text(CONF)
-    data_dir = str(d / "data")
-
-    def finish():
-        sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
-        kill_recorded(data_dir)
-
-    request.addfinalizer(finish)
-    r = sievekv("cluster", "start", "--config", str(conf))
-    assert r.returncode == 0, r.stderr
-    return {"conf": str(conf), "router": r.stdout.strip(), "dir": d}
+    return start_cluster(conf, request)
 
 
 @pytest.fixture

@@ -272,8 +272,9 @@ def test_filter_partitions_sit_on_whole_pages(tmp_path, fs):
 
 
 def test_format_version_1_tables_still_read(tmp_path, fs):
-    """Tables written before the data block hash index (format version 1: no index, footer
-    version 1) read exactly as before; version 2 tables carry the index in every data block."""
+    """A table without hash indexes is written as format version 1 (readable by format-1
+    readers) and reads as before; the default writes version 2 with the index in every data
+    block; an unknown version is corruption."""
     import struct
 
     from engine.checksum import masked_crc
@@ -288,10 +289,9 @@ def test_format_version_1_tables_still_read(tmp_path, fs):
     write_table(fs, v1, entries, data_block_hash_index=False)
     raw = bytearray(open(v1, "rb").read())
     foot = len(raw) - TABLE_FOOTER_SIZE
-    assert struct.unpack_from("<I", raw, foot + 32)[0] == 2
-    struct.pack_into("<I", raw, foot + 32, 1)
-    struct.pack_into("<I", raw, foot + 36, masked_crc(bytes(raw[foot:foot + 36])))
-    open(v1, "wb").write(raw)
+    assert struct.unpack_from("<I", raw, foot + 32)[0] == 1
+    raw2 = open(v2, "rb").read()
+    assert struct.unpack_from("<I", raw2, len(raw2) - TABLE_FOOTER_SIZE + 32)[0] == 2
     for path, hashed in ((v1, False), (v2, True)):
         for mmap_reads in (False, True):
             with Table.open(fs, path, mmap_reads=mmap_reads) as t:
@@ -300,6 +300,7 @@ def test_format_version_1_tables_still_read(tmp_path, fs):
                 assert bool(struct.unpack_from("<I", first, len(first) - 4)[0]
                             & BLOCK_HASH_FLAG) == hashed
                 assert list(t.iterate()) == [tuple(e) for e in entries]
+                assert t.properties.format_version == (2 if hashed else 1)
     struct.pack_into("<I", raw, foot + 32, 3)
     struct.pack_into("<I", raw, foot + 36, masked_crc(bytes(raw[foot:foot + 36])))
     open(v1, "wb").write(raw)

@@ -236,8 +236,8 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
     A block with a hash index (docs/format.md, "Data block hash index") is answered by it:
     one mmh3 hash, then the entries its probe sequence names until the key or an empty slot
     (about 1.5 entries read for a present key at the writer's load of 1/2). Any inconsistency
-    in the index (a slot past the entries, an entry that shares a prefix or runs past them)
-    is a CorruptionError. Other blocks:
+    in the index (a slot past the entries, an entry that shares a prefix or runs past them,
+    no empty slot on the probe path after ``B`` slots) is a CorruptionError. Other blocks:
 
     A pure binary search over the restart array: per step one restart offset, three header
     bytes and one key slice, no entry decoding loop. The restart count is checked on every
@@ -261,7 +261,7 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
             if nb <= num or limit <= 0:
                 raise ValueError
             s = _hash(target, BLOCK_HASH_SEED, signed=False) % nb
-            while True:  # ends: more slots than entries, so some slot is empty
+            for _ in range(nb):  # a writer leaves a slot empty; damage may not (then: error)
                 r = data[hs + s]
                 if not r:
                     return None
@@ -273,6 +273,8 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
                 kl = data[p + 1]
                 vl = data[p + 2]
                 if (data[p] | kl | vl) < 0x80:
+                    if data[p]:  # shared != 0: an indexed entry is a restart point
+                        raise ValueError
                     p += 3
                 else:
                     shared, p = _varint(data, p, limit)
@@ -288,6 +290,7 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
                 s += 1
                 if s == nb:
                     s = 0
+            raise ValueError  # every slot full: not what a writer makes
         except (IndexError, ValueError, struct.error):
             raise CorruptionError("block: bad hash index or entry", path=path,
                                   offset=offset) from None

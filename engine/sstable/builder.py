@@ -19,7 +19,8 @@ from ..filters import get_policy
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES, ENTRY_TAG,
                       FILTER_PAGE_SIZE, KIND_DELETE, KIND_VALUE, MAX_SEQUENCE,
-                      META_FILTER_INDEX, META_PROPERTIES, TABLE_FORMAT_VERSION)
+                      META_FILTER_INDEX, META_PROPERTIES, TABLE_FORMAT_VERSION,
+                      TABLE_FORMAT_VERSION_PLAIN)
 from ..vfs import WritableFile
 from .block_builder import BlockBuilder
 from .filter_builder import PartitionedFilterBuilder, round_up_pages
@@ -60,6 +61,10 @@ class TableBuilder:
         self._props = TableProperties(smallest_seq=MAX_SEQUENCE)
         self._done = False
         self.num_entries = 0
+        # The oldest format that describes what was written (docs/format.md, "Versions"): 1
+        # unless some data block carries a hash index, so tables without one stay readable by
+        # format-1 readers.
+        self._version = TABLE_FORMAT_VERSION_PLAIN
 
     def add(self, key: bytes, seq: int, kind: int, value: bytes) -> None:
         """Append an entry. REQUIRES: ``key`` > every key added before, ``kind`` in
@@ -97,7 +102,10 @@ class TableBuilder:
             self._flush()
 
     def _flush(self) -> None:
-        self._pending = self._write(self._block.finish(), BLOCK_TYPE_DATA)
+        contents = self._block.finish()
+        if contents[-1] & 0x80:  # bit 31 of the restart count: this block has a hash index
+            self._version = TABLE_FORMAT_VERSION
+        self._pending = self._write(contents, BLOCK_TYPE_DATA)
         self._block.reset()
 
     def _end_block(self, separator: bytes) -> None:
@@ -165,7 +173,7 @@ class TableBuilder:
         p.block_size = opts.block_size
         p.restart_interval = opts.restart_interval
         p.partition_bytes = opts.partition_pages_bytes if fb is not None else 0
-        p.format_version = TABLE_FORMAT_VERSION
+        p.format_version = self._version
         p.creation_time = int(time.time())
         props_handle = self._write(encode_properties(p), BLOCK_TYPE_PROPERTIES)
         meta = BlockBuilder(1)
@@ -173,7 +181,7 @@ class TableBuilder:
             meta.add(META_FILTER_INDEX, fi_handle.encode())  # names added in sorted order
         meta.add(META_PROPERTIES, props_handle.encode())
         meta_handle = self._write(meta.finish(), BLOCK_TYPE_METAINDEX)
-        footer = Footer(meta_handle, index_handle, meta_start).encode()
+        footer = Footer(meta_handle, index_handle, meta_start, self._version).encode()
         self._file.append(footer)
         self._offset += len(footer)
         return p

@@ -17,9 +17,10 @@ class TableOptions:
     ``restart_interval``: keys between restart points inside a data block. 1 (every key whole,
     the default) lets ``Table.get`` binary-search a block without decoding entries
     (``Block.get_whole``); larger values shrink tables with long shared key prefixes.
-    ``data_block_hash_index``: with restart interval 1, end each data block with a hash index
-    (docs/format.md, "Data block hash index": 2 bytes per entry, ~1.6% of a 4 KiB block of
-    100-byte values) so a point read hashes to its entry instead of binary-searching.
+    ``data_block_hash_index``: with restart interval 1, end each data block of at most 255
+    entries with a hash index (docs/format.md, "Data block hash index": 2 bytes per entry,
+    ~1.6% of a 4 KiB block of 100-byte values) so a point read hashes to its entry instead of
+    binary-searching; a block with more entries (tiny values in big blocks) gets none.
     ``filter_policy``: the filter kind (``engine.filters.get_policy`` name); None = no filter.
     ``bits_per_key``: filter bits per key the partitions are sized for (> 0 with a policy).
     ``partition_bytes``: target size of one filter partition. Partitions are whole pages, so

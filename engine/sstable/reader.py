@@ -30,8 +30,12 @@ mapped table also gets ClosedError: slicing a closed mapping fails cleanly, it n
 another file).
 
 A mapped table's file must not shrink while it is open (the same rule as LevelDB's mapped
-reads): a page past the end of a truncated file raises SIGBUS. Tables are immutable and only
-the DB deletes them, after closing them.
+reads): a page past the end of a truncated file raises SIGBUS, as does a disk read error (EIO)
+under a mapped page, where ``pread`` would raise StorageIOError. Tables are immutable and only
+the DB deletes them, after closing them. The mapping holds its own file descriptor (CPython's
+mmap duplicates it): a mapped table uses three (file, filter region, data); if the OS refuses
+the mapping (EMFILE near the open-file limit, ENOMEM), the table falls back to ``pread`` and
+counts ``map_failures``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Iterator
 import google_crc32c
 
 from ..checksum import MASK_DELTA as _MASK_DELTA, mask
-from ..errors import ClosedError, CorruptionError
+from ..errors import ClosedError, CorruptionError, StorageIOError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
 from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES,
@@ -92,6 +96,7 @@ class Table:
         self._scan_cache = block_cache  # iterate() reads through the cache in both modes
         self._data_map: mmap.mmap | None = None
         self._map_lock = threading.Lock()
+        self.map_failures = 0  # data mappings the OS refused (the table then preads)
         # Blocks of tables opened without a file number must not collide in a shared cache.
         self._cache_id = file_number if file_number else -next(_anonymous_ids)
         self._closed = False
@@ -218,7 +223,8 @@ class Table:
                     or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
                     != _u32_at(t, 1)[0]):
                 data = self._read_contents(i)  # raises the CorruptionError naming the failure
-            self.data_block_file_reads += 1
+            else:
+                self.data_block_file_reads += 1
             r = find_whole(data, key, self.path, off)
         elif self._whole:  # restart interval 1: search the contents, no Block built or cached
             cache = self._cache
@@ -324,8 +330,7 @@ class Table:
                 raise ClosedError(f"table {self.path} is closed") from None
         elif self._closed:
             raise ClosedError(f"table {self.path} is closed")
-        elif mapped and self._mapped:
-            self._map_data()
+        elif mapped and self._mapped and self._map_data():
             return self._read_contents(i)
         else:
             raw = self._file.read_at(offset, size + BLOCK_TRAILER_SIZE)
@@ -339,20 +344,33 @@ class Table:
         self.data_block_file_reads += 1
         return contents
 
-    def _map_data(self) -> None:
+    def _map_data(self) -> bool:
         """Map the data blocks ``[0, data_bytes)`` read-only, ``MADV_RANDOM`` (no readahead
-        for point reads). Once per table; concurrent first readers wait for one mapping."""
+        for point reads); True once mapped. Once per table; concurrent first readers wait for
+        one mapping. If the OS refuses the mapping (a mapping holds its own descriptor, so
+        EMFILE near the open-file limit; ENOMEM; a file system without mmap), the table reads
+        with ``pread`` through the block cache from then on, as LevelDB does past its mapping
+        limit, and this returns False: a speed option never turns into read errors."""
         with self._map_lock:
             if self._data_map is not None:
-                return
+                return True
             if self._closed:
                 raise ClosedError(f"table {self.path} is closed")
-            m = self._file.map(0, self.properties.data_bytes)
+            if not self._mapped:  # an earlier attempt failed
+                return False
+            try:
+                m = self._file.map(0, self.properties.data_bytes)
+            except StorageIOError:
+                self._mapped = False
+                self._cache = self._scan_cache
+                self.map_failures += 1
+                return False
             try:
                 m.madvise(mmap.MADV_RANDOM)
             except (AttributeError, OSError):  # advice only: reads are right without it
                 pass
             self._data_map = m
+            return True
 
     # -- filter memory -----------------------------------------------------------------------
     @property
