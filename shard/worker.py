@@ -1,6 +1,7 @@
 """The shard process: ``python -m shard --data-dir DIR --listen HOST:PORT [options]``.
 
-Startup: open the backend (engine.DB), build and start the server, then announce the bound
+Startup: raise the soft open-file limit to the hard one (:func:`raise_open_file_limit`), open
+the backend (engine.DB), build and start the server, then announce the bound
 port: write it (digits and a newline, atomically: temp file + rename) to ``--port-file`` and
 print ``sievekv shard NAME listening on HOST:PORT`` on stdout. A parent that passed port 0
 reads the port file.
@@ -69,6 +70,30 @@ def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
     return p
 
 
+def raise_open_file_limit(logger: logging.Logger = log) -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return (old, new) soft.
+
+    Every open table holds a descriptor for its file and one per mapping (filter region, and
+    data blocks with ``mmap_reads``): three per table. A common soft default of 1024 would stop
+    a shard at ~340 tables (~1.3 GB at the default 4 MiB target table size); servers raise it
+    at startup (as ``ulimit -n`` in their unit files does). A failure leaves the limit as it
+    was and is logged, never fatal.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        logger.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return soft, soft
+    logger.info("open-file limit raised from %d to %d", soft, target)
+    return soft, target
+
+
 def write_port_file(path: str, port: int) -> None:
     """Write ``port`` to ``path`` atomically (readers never see a partial number)."""
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -123,6 +148,7 @@ def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str =
     stop = stop_event_on_signals()
     if args.exit_with_parent:
         watch_parent(stop)
+    raise_open_file_limit()
 
     try:
         db = open_backend(args.data_dir, **options)
