@@ -1,7 +1,9 @@
 """``DB.stats()`` and ``DB.filter_report()``: JSON-able views of one DB.
 
 stats(): per level tables/bytes/entries; memtables and log; flushes, compactions and bytes
-compacted; write-stall time; block cache hits/misses; gets and data blocks read per get.
+compacted; write-stall time; block cache hits/misses (scans, and gets when ``mmap_reads`` is
+off); ``reads``: whether gets read mapped tables, how many tables are mapped now and how many
+mappings the OS refused (those tables read with pread); gets and data blocks read per get.
 
 filter_report(): per level and per table the table's own filter accounting
 (``Table.filter_stats``: bytes on disk, mapped, resident as measured by the OS, partitions,
@@ -102,6 +104,9 @@ def stats(db) -> dict:
     c = db.counters
     blocks = sum(getattr(t, "data_blocks_read", 0) for _, _, t in _live_tables(rs))
     blocks += db._tables.retired["data_blocks_read"]
+    live = [t for _, _, t in _live_tables(rs)]
+    map_failures = sum(getattr(t, "map_failures", 0) for t in live)
+    map_failures += db._tables.retired["map_failures"]
     cache = db.block_cache
     gets = db.gets
     return {
@@ -130,6 +135,9 @@ def stats(db) -> dict:
                         "usage_bytes": cache.usage if cache else 0,
                         "hits": cache.hits if cache else 0,
                         "misses": cache.misses if cache else 0},
+        "reads": {"mmap_reads": db.options.mmap_reads,
+                  "mapped_tables": sum(1 for t in live if getattr(t, "_data_map", None)),
+                  "map_failures": map_failures},
         "gets": gets,
         "data_blocks_read": blocks,
         "data_blocks_read_per_get": (blocks / gets) if gets else None,

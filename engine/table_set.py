@@ -29,7 +29,7 @@ import threading
 from .filenames import table_file_name
 from .sstable import Table
 
-_RETIRED_KEYS = ("data_blocks_read",)
+_RETIRED_KEYS = ("data_blocks_read", "map_failures")
 
 
 class TableSet:
@@ -119,7 +119,8 @@ class TableSet:
             self._close_table(t)
 
     def _close_table(self, t) -> None:
-        self.retired["data_blocks_read"] += getattr(t, "data_blocks_read", 0)
+        for k in _RETIRED_KEYS:
+            self.retired[k] += getattr(t, k, 0)
         forget = getattr(self._residency, "forget_table", None)
         if forget is not None:
             forget(t)

@@ -163,6 +163,9 @@ def test_db_reads_the_same_in_both_modes(tmp_path, mmap_reads):
         assert (after_gets == before) if mmap_reads else (after_gets > before)
         assert list(db.scan()) == sorted(model.items())
         assert cache_traffic() > after_gets  # scans use the cache in both modes
+        reads = db.stats()["reads"]
+        assert reads["mmap_reads"] is mmap_reads and reads["map_failures"] == 0
+        assert (reads["mapped_tables"] > 0) is mmap_reads
     with DB.open(str(tmp_path / "db"), mmap_reads=mmap_reads) as db:  # and after reopen
         for k, v in list(model.items())[:500]:
             assert db.get(k) == v
