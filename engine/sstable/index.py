@@ -15,7 +15,6 @@ import operator
 from ..errors import CorruptionError
 from ..format import BLOCK_TRAILER_SIZE
 from .block import Block
-from .coding import get_varint
 
 
 def shortest_separator(start: bytes, limit: bytes) -> bytes:
@@ -46,8 +45,27 @@ def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], l
     expect = 0
     try:
         for _, vs, ve in entries:
-            off, p = get_varint(data, vs, ve)
-            size, p = get_varint(data, p, ve)
+            # The two varints of the handle, decoded inline (get_varint without the call):
+            # this loop runs once per data block at every table open. A varint running past
+            # its entry ends at p != ve (an error below); past the block, IndexError.
+            b = data[vs]
+            off = b & 0x7F
+            shift = 7
+            p = vs + 1
+            while b & 0x80:
+                b = data[p]
+                off |= (b & 0x7F) << shift
+                shift += 7
+                p += 1
+            b = data[p]
+            size = b & 0x7F
+            shift = 7
+            p += 1
+            while b & 0x80:
+                b = data[p]
+                size |= (b & 0x7F) << shift
+                shift += 7
+                p += 1
             if p != ve or off != expect:
                 raise ValueError(f"data block handle ({off}, {size}) out of place")
             expect = off + size + BLOCK_TRAILER_SIZE
@@ -57,6 +75,9 @@ def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], l
             raise ValueError(f"data blocks end at {expect}, expected {data_end}")
         if not all(map(operator.lt, keys, keys[1:])):
             raise ValueError("index keys out of order")
+    except IndexError:
+        raise CorruptionError("index block: truncated block handle", path=block.path,
+                              offset=block.offset) from None
     except ValueError as exc:
         raise CorruptionError(f"index block: {exc}", path=block.path, offset=block.offset) from None
     return keys, offsets, sizes
