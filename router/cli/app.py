@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         _error("interrupted")
-        return 130
+        return exit_codes.INTERRUPTED
     except BrokenPipeError:
         # `sievekv scan | head`: the reader left; that is not an error.
         try:

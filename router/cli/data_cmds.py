@@ -23,7 +23,8 @@ from ..client_errors import ClientError, PartialWriteError
 from ..humanize import format_bytes, format_count
 from . import target
 from .codec import decode, encode
-from .exit_codes import NOT_FOUND, OK, PARTIAL, USAGE, CliError, code_for_grpc, from_client_error
+from .exit_codes import (INTERRUPTED, NOT_FOUND, OK, PARTIAL, USAGE, CliError, code_for_grpc,
+                         from_client_error)
 from .records import format_record, guess_format, iter_records
 from .sizes import SYNC_FIELD_BYTES, cluster_limits, mutation_bytes, record_problem
 from .value_source import read_value
@@ -114,7 +115,7 @@ def cmd_scan(args) -> int:
                 try:
                     out.write(format_record(key, value, args.format, args.encoding))
                 except ValueError as exc:
-                    raise CliError(f"after {n} entries: {exc}", USAGE) from None
+                    raise CliError(f"scan stopped after {n} entries: {exc}", USAGE) from None
                 n += 1
         except ClientError as exc:
             out.flush()
@@ -134,6 +135,7 @@ class _Progress:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.t0 = self.last = time.monotonic()
+        self.open_line = False  # a terminal line was written without its newline
 
     def update(self, records: int, nbytes: int, final: bool = False) -> None:
         if self.quiet:
@@ -147,8 +149,15 @@ class _Progress:
                f"{format_count(int(records / el))} records/s")
         if self.tty:
             print(f"\r{msg}\033[K", end="\n" if final else "", file=sys.stderr, flush=True)
+            self.open_line = not final
         else:
             print(msg, file=sys.stderr, flush=True)
+
+    def end_line(self) -> None:
+        """Finish a rewritten terminal line, so that what follows starts a line of its own."""
+        if self.open_line:
+            print(file=sys.stderr, flush=True)
+            self.open_line = False
 
 
 def _open_input(path: str):
@@ -174,14 +183,19 @@ def cmd_load(args) -> int:
     empty_wire = SYNC_FIELD_BYTES if sync is not None else 0
     batch_wire = empty_wire  # the batch's WriteRequest, protobuf bytes
     first_line = last_line = 0
+    sending = False  # a Write is in flight: its batch may or may not be applied
+    done_line = 0  # the last input line of the last batch that was applied
     try:
         with _client(args) as c:
             def send():
-                nonlocal loaded, nbytes, batch, batch_bytes, batch_wire
+                nonlocal loaded, nbytes, batch, batch_bytes, batch_wire, sending, done_line
+                sending = True
                 try:
                     c.write(batch, sync=sync)
                 except ClientError as exc:
                     raise _load_failure(exc, loaded, first_line, last_line) from None
+                sending = False
+                done_line = last_line
                 loaded += len(batch)
                 nbytes += batch_bytes
                 batch, batch_bytes, batch_wire = [], 0, empty_wire
@@ -214,11 +228,41 @@ def cmd_load(args) -> int:
                                USAGE) from None
             if batch:
                 send()
+    except KeyboardInterrupt:
+        progress.end_line()
+        pending = (first_line, last_line) if batch else None
+        raise _load_interrupted(loaded, done_line, pending, sending) from None
+    except BaseException:
+        progress.end_line()  # the error goes on a line of its own, not after the progress
+        raise
     finally:
         if path is not None:
             stream.close()
     progress.update(loaded, nbytes, final=True)
     return OK
+
+
+def _load_interrupted(loaded: int, done_line: int, pending: tuple[int, int] | None,
+                      sending: bool) -> CliError:
+    """Ctrl-C during ``load``: what is certainly loaded and where to resume.
+
+    Records are sent in input order, so every record up to ``done_line`` (the last line of the
+    last applied batch) is loaded. ``pending`` is the current batch's first and last line: if
+    its Write was in flight (``sending``) it may or may not be applied; else it was not sent.
+    Loading a record again stores the same value, so resuming at the batch is harmless.
+    """
+    if pending is None:
+        if not loaded:
+            return CliError("load interrupted: nothing was loaded", INTERRUPTED)
+        return CliError(f"load interrupted: {loaded} records loaded, every record up to input "
+                        f"line {done_line}; resume from line {done_line + 1}", INTERRUPTED)
+    first, last = pending
+    one = first == last
+    lines = f"line {first}" if one else f"lines {first}-{last}"
+    state = (f"{'was' if one else 'were'} being sent and may or may not be loaded" if sending
+             else f"{'was' if one else 'were'} read but not sent")
+    return CliError(f"load interrupted: {loaded} records loaded, every record before input line "
+                    f"{first}; {lines} {state}; resume from line {first}", INTERRUPTED)
 
 
 def _load_failure(exc: ClientError, loaded: int, first: int, last: int) -> CliError:

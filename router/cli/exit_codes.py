@@ -10,6 +10,7 @@ code   name         meaning
 4      PARTIAL      some shards (or processes) failed while others succeeded
 5      NOT_FOUND    ``get`` of a key that is absent
 6      CONFLICT     already running: data directory locked, port in use
+130    INTERRUPTED  interrupted (Ctrl-C, SIGINT); ``load`` says how far it got
 =====  ===========  ==========================================================================
 
 A command reports failure by raising :class:`CliError`; ``main`` prints
@@ -27,6 +28,7 @@ UNREACHABLE = 3
 PARTIAL = 4
 NOT_FOUND = 5
 CONFLICT = 6
+INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 TABLE = [
     (OK, "success"),
@@ -36,6 +38,7 @@ TABLE = [
     (PARTIAL, "partial failure: some shards or processes failed, others succeeded"),
     (NOT_FOUND, "not found: get of an absent key"),
     (CONFLICT, "conflict: cluster already running, data directory locked, port in use"),
+    (INTERRUPTED, "interrupted (Ctrl-C)"),
 ]
 
 
@@ -83,4 +86,4 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> CliError:
 
 def epilog() -> str:
     """The exit-code table for ``--help``."""
-    return "exit codes:\n" + "\n".join(f"  {c}  {text}" for c, text in TABLE)
+    return "exit codes:\n" + "\n".join(f"  {c:>3}  {text}" for c, text in TABLE)

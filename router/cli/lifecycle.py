@@ -223,6 +223,8 @@ def cmd_stop(args, out=None) -> int:
         if not _wait_gone(sup["pid"], sup.get("create_time"), 2 * stop_timeout + 10):
             _say(args, f"supervisor pid {sup['pid']} did not exit; sending SIGKILL")
             _kill(sup["pid"], sup.get("create_time"), signal.SIGKILL)
+    elif not any(was_alive.values()):
+        _say(args, f"the cluster in {data_dir} is already stopped")
     else:
         _say(args, f"supervisor of {data_dir} is not running; stopping its processes directly")
 
@@ -297,6 +299,11 @@ def cmd_restart(args) -> int:
     if not cs.pid_alive(sup.get("pid"), sup.get("create_time")):
         raise CliError(f"the supervisor of {doc['data_dir']} is not running "
                        f"(start the cluster with `sievekv cluster start`)", UNREACHABLE)
+    shards = sorted(p["shard"] for p in doc.get("processes", []) if p.get("role") == "shard")
+    if args.shard not in shards:
+        have = (f"0..{len(shards) - 1}" if shards == list(range(len(shards)))
+                else ", ".join(map(str, shards)))
+        raise CliError(f"--shard: no shard {args.shard} in this cluster (shards: {have})", USAGE)
     name = f"shard-{args.shard}"
     t0 = time.monotonic()
     try:

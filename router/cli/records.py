@@ -4,7 +4,8 @@ Two formats, each one record per line, so ``scan`` output can be fed back to ``l
 
 * ``tsv``: ``KEY<TAB>VALUE``. The line is split at its first tab, so in text encoding a value
   may contain tabs but a key may not; neither may contain a newline (a trailing ``\\r`` of a
-  CRLF line is dropped). Text TSV is taken byte for byte, no escapes. Empty lines are skipped.
+  CRLF line is dropped). Text TSV is taken byte for byte, no escapes. Blank lines (only
+  whitespace, no tab) are skipped.
 * ``jsonl``: ``{"key": "...", "value": "..."}``; JSON escapes make any text safe.
 
 ``--encoding`` (router/cli/codec.py) applies to each key and value field: with hex or base64
@@ -55,8 +56,8 @@ def iter_records(stream: BinaryIO, fmt: str, encoding: str,
         line = raw[:-1] if raw.endswith(b"\n") else raw
         if line.endswith(b"\r"):
             line = line[:-1]
-        if not line.strip():
-            continue
+        if not line.strip() and (fmt != "tsv" or b"\t" not in line):
+            continue  # a blank line; " \t " is a record (key " "), as scan writes it
         try:
             key, value = parse(line, encoding)
         except ValueError as exc:
@@ -97,14 +98,42 @@ def _parse_jsonl(line: bytes, encoding: str) -> tuple[bytes, bytes]:
 
 
 def format_record(key: bytes, value: bytes, fmt: str, encoding: str) -> bytes:
-    """One output line (with its newline) for ``scan``; ValueError if ``fmt`` cannot carry it."""
+    """One output line (with its newline) for ``scan``; ValueError if ``fmt`` cannot carry it.
+
+    The error names the record's key, which field is the problem and why, e.g.
+    ``the record with key b'photo:1': its value has a newline, which text TSV cannot carry``.
+    """
     if fmt == "jsonl":
+        if encoding == "text":
+            for name, field in (("key", key), ("value", value)):
+                try:
+                    field.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError(f"the record with key {_show_key(key)}: its {name} is not "
+                                     f"UTF-8 text, which JSON output needs; use --encoding hex "
+                                     f"or base64") from None
         return (json.dumps({"key": encode(key, encoding), "value": encode(value, encoding)},
                            ensure_ascii=False) + "\n").encode("utf-8")
     if encoding == "text":
-        if b"\t" in key or b"\n" in key or b"\n" in value or key.endswith(b"\r") \
-                or value.endswith(b"\r"):
-            raise ValueError(f"key {key[:40]!r} cannot be written as text TSV (tab, newline or "
-                             f"trailing CR); use --encoding hex or base64, or --format jsonl")
+        problem = _tsv_problem(key, value)
+        if problem:
+            raise ValueError(f"the record with key {_show_key(key)}: {problem}, which text TSV "
+                             f"cannot carry; use --encoding hex or base64 (or --format jsonl)")
         return key + b"\t" + value + b"\n"
     return (encode(key, encoding) + "\t" + encode(value, encoding) + "\n").encode("ascii")
+
+
+def _tsv_problem(key: bytes, value: bytes) -> str | None:
+    """Why a text TSV line cannot carry this record (None if it can)."""
+    if b"\t" in key:
+        return "its key has a tab"
+    for name, field in (("key", key), ("value", value)):
+        if b"\n" in field:
+            return f"its {name} has a newline"
+        if field.endswith(b"\r"):
+            return f"its {name} ends with a carriage return"
+    return None
+
+
+def _show_key(key: bytes) -> str:
+    return repr(key if len(key) <= 40 else key[:37] + b"...")
