@@ -5,14 +5,25 @@ Steps (LevelDB's ``DB::Open``):
 1. Create the directory if allowed, take ``LOCK`` (flock; LockedError if held).
 2. ``CURRENT`` present: recover the manifest (a new manifest is written holding a snapshot);
    absent: create a new DB.
-3. Replay every log numbered >= the manifest's log number, oldest first, into a memtable
-   (a torn last record is dropped; damage before the tail raises CorruptionError). A
-   memtable that fills up during replay, and the one left at the end, are written to L0
-   tables (synced, directory synced).
-4. Start a new, empty log (directory synced), then record in one manifest edit the new L0
-   tables, the new log number (older logs are then obsolete) and the last sequence number.
-5. Remove what a crash left behind: tables no version references, logs below the log number,
+3. Replay every log numbered >= the manifest's log number, oldest first (a torn last record
+   is dropped; damage before the tail raises CorruptionError). The logs before the last one
+   are replayed into a memtable that is written to L0 tables (synced, directory synced)
+   whenever it fills up and at the end.
+4. The last log is *reused* (LevelDB's ``reuse_logs``): its writes become the DB's memtable
+   and new writes are appended to it, after an fsync (so everything replayed is durable, as
+   a table would make it). So a restart adds no L0 table: a process that keeps crashing
+   before its background work finishes cannot pile up L0 (it did, one table per open).
+   Not reused, and replayed into tables like the others, when it ends in a torn record (an
+   append after it would turn the torn tail into corruption before the tail) or holds a full
+   memtable; a new, empty log is started then (directory synced).
+5. Record in one manifest edit the new L0 tables, the log number (the reused or new log:
+   older logs are then obsolete) and the last sequence number.
+6. Remove what a crash left behind: tables no version references, logs below the log number,
    old manifests, temp files.
+
+The DB then starts its background threads; the compaction thread looks at the recovered
+version before it first waits, so an L0 at or past the trigger is compacted right after open
+(RocksDB's MaybeScheduleFlushOrCompaction at the end of DB::Open).
 
 Only one thread runs this, before the DB is shared.
 """
@@ -37,6 +48,7 @@ class RecoveredState:
     manifest: Manifest
     log: LogWriter
     log_number: int
+    mem: MemTable  # the writes of the reused log (empty for a new log); log_number = its log
     last_sequence: int
     replayed_entries: int
     tables_written: int
@@ -90,24 +102,48 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
                                   new_number=manifest.new_file_number,
                                   table_options=table_options(options, bits)))
 
-    for _number, log_path in manifest.logs_to_replay():
-        result = read_log(fs, log_path)
+    def replay(m: MemTable, result, log_path: str, flush_when_full: bool) -> MemTable:
+        nonlocal replayed, last_seq
         for payload, offset in zip(result.records, result.offsets):
             first_seq, ops = decode_batch(payload, path=log_path, offset=offset)
             if not ops:
                 continue
-            mem.add(first_seq, ops)
+            m.add(first_seq, ops)
             replayed += len(ops)
             last_seq = max(last_seq, first_seq + len(ops) - 1)
-            if mem.approximate_bytes >= options.memtable_bytes:
-                flush_mem(mem)
-                mem = MemTable()
+            if flush_when_full and m.approximate_bytes >= options.memtable_bytes:
+                flush_mem(m)
+                m = MemTable()
+        return m
+
+    logs = manifest.logs_to_replay()
+    live = None  # the last log's writes, when that log is reused
+    for i, (number, log_path) in enumerate(logs):
+        result = read_log(fs, log_path)
+        if i == len(logs) - 1 and not result.torn_tail:
+            last = replay(MemTable(number), result, log_path, flush_when_full=False)
+            if last.approximate_bytes < options.memtable_bytes:
+                live = last
+            else:  # a full memtable goes to a table, as the running DB would have done
+                flush_mem(mem)  # older data first: larger table numbers hold newer data
+                mem = last
+        else:
+            mem = replay(mem, result, log_path, flush_when_full=True)
     flush_mem(mem)
-    log_number = manifest.new_file_number()
-    log_path = filenames.log_file_name(path, log_number)
-    log = LogWriter(fs.open_writable(log_path))
+    reuse = live is not None
+    if reuse:
+        log_number, log_path = logs[-1]
+        log = LogWriter(fs.open_appendable(log_path))
+    else:
+        log_number = manifest.new_file_number()
+        log_path = filenames.log_file_name(path, log_number)
+        live = MemTable(log_number)
+        log = LogWriter(fs.open_writable(log_path))
     try:
-        fs.sync_dir(path)
+        if reuse:
+            log.sync()  # a dead process's unsynced appends: durable before any new write
+        else:
+            fs.sync_dir(path)
         edit = VersionEdit(log_number=log_number, last_sequence=last_seq)
         for m in metas:  # written in order: larger numbers hold newer data
             edit.add_file(0, m)
@@ -122,4 +158,5 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
             removed += 1
         except SieveError:
             pass
-    return RecoveredState(lock, manifest, log, log_number, last_seq, replayed, len(metas), removed)
+    return RecoveredState(lock, manifest, log, log_number, live, last_seq, replayed, len(metas),
+                          removed)
