@@ -7,7 +7,11 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   and publishes a new read state.
 - The compaction thread asks the picker (engine/compaction/picker.py) for the most urgent task
   and runs it; manual ``DB.compact()`` runs a full task in the caller's thread. Both hold
-  ``_compaction_lock``: one compaction at a time.
+  ``_compaction_lock``: one compaction at a time. It asks *before* it first waits, so a DB
+  that opens with work due (e.g. L0 at the trigger after crashes) compacts without waiting
+  for a write, and a writer stopped at ``l0_stop_trigger`` right after open is released
+  (RocksDB's MaybeScheduleFlushOrCompaction at the end of DB::Open;
+  tests/test_reopen_compacts.py).
 - Table writing runs in a worker process when the DB has a pool (engine/table_workers.py),
   else in the thread itself. A worker that dies makes the job rerun in the thread; at close the
   DB's jobs are cancelled (killed) and their half-written tables removed.
@@ -140,7 +144,7 @@ class Background:
         opts = self.options
         while True:
             with self._mu:
-                while True:
+                while True:  # pick first, then wait: the version recovered at open counts
                     if self._closing or self._bg_error is not None:
                         return
                     if not opts.disable_auto_compactions:
