@@ -99,6 +99,23 @@ def start_cluster(conf, request) -> dict:
             "start": r, "dir": d}
 
 
+CLI_ENV = ("SIEVEKV_ROUTER", "SIEVEKV_CONFIG", "SIEVEKV_DATA_DIR", "SIEVEKV_DEBUG")
+
+
+def clean_cli_env(monkeypatch) -> None:
+    """Unset the environment variables the CLI reads, so a test sees only its own flags."""
+    for name in CLI_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def cluster_from_text(text: str, tmp_path_factory, request, name: str) -> dict:
+    """Write ``text`` as cluster.toml in a fresh directory ``name`` and start that cluster
+    (stopped by the test's finalizer, see start_cluster)."""
+    conf = tmp_path_factory.mktemp(name) / "cluster.toml"
+    conf.write_text(text)
+    return start_cluster(conf, request)
+
+
 def cli(cluster, *argv, **kw):
     return sievekv(*argv, "--config", cluster["conf"], **kw)
 

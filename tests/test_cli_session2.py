@@ -26,7 +26,7 @@ from shard.limits import Limits
 from sievekv_proto import sievekv_pb2 as pb
 from engine.errors import InvalidArgumentError
 
-from .test_cli_e2e import sievekv, start_cluster
+from .test_cli_e2e import clean_cli_env, cluster_from_text, sievekv
 
 LIMIT = 64 * 1024
 MESSAGE_LIMIT = LIMIT + (1 << 20)
@@ -48,16 +48,12 @@ stop_timeout = 10.0
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in ("SIEVEKV_ROUTER", "SIEVEKV_CONFIG", "SIEVEKV_DATA_DIR", "SIEVEKV_DEBUG"):
-        monkeypatch.delenv(name, raising=False)
+    clean_cli_env(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    d = tmp_path_factory.mktemp("session2")
-    conf = d / "cluster.toml"
-    conf.write_text(CONF)
-    return start_cluster(conf, request)
+    return cluster_from_text(CONF, tmp_path_factory, request, "session2")
 
 
 @pytest.fixture

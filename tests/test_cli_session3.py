@@ -31,7 +31,7 @@ from router.cli import app, records
 from router.cli.exit_codes import INTERRUPTED, OK, USAGE
 from router.client import Client
 
-from .test_cli_e2e import ROOT, sievekv, start_cluster
+from .test_cli_e2e import ROOT, clean_cli_env, cluster_from_text, sievekv
 
 CONF = """
 [cluster]
@@ -49,16 +49,12 @@ stop_timeout = 10.0
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in ("SIEVEKV_ROUTER", "SIEVEKV_CONFIG", "SIEVEKV_DATA_DIR", "SIEVEKV_DEBUG"):
-        monkeypatch.delenv(name, raising=False)
+    clean_cli_env(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    d = tmp_path_factory.mktemp("session3")
-    conf = d / "cluster.toml"
-    conf.write_text(CONF)
-    return start_cluster(conf, request)
+    return cluster_from_text(CONF, tmp_path_factory, request, "session3")
 
 
 def run(cluster, *argv, **kw):
