@@ -33,8 +33,41 @@ from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
 from .version_edit import VersionEdit
 
 
+class RunningCompaction:
+    """What ``stats()["compaction_running"]`` reports about the compaction in progress.
+
+    ``outputs`` lists the file numbers the job may write (reserved up front for a worker
+    process, appended as the thread allocates them): the bytes written so far are the sizes of
+    those files that exist, so progress is visible wherever the job runs, without a channel
+    back from the worker.
+    """
+
+    __slots__ = ("task", "manual", "started", "outputs")
+
+    def __init__(self, task, manual: bool):
+        self.task = task
+        self.manual = manual
+        self.started = time.monotonic()
+        self.outputs: list[int] = []
+
+    def report(self, fs, dirname: str) -> dict:
+        """JSON-able progress: levels, input bytes, output bytes written so far, seconds."""
+        written = 0
+        for n in list(self.outputs):
+            try:
+                written += fs.file_size(filenames.table_file_name(dirname, n))
+            except SieveError:  # not created yet, or already removed
+                pass
+        t = self.task
+        return {"level": t.level, "output_level": t.output_level, "manual": self.manual,
+                "input_bytes": t.input_bytes(), "written_bytes": written,
+                "seconds": round(time.monotonic() - self.started, 3)}
+
+
 class Background:
     """Flush and compaction for DB (mixin). REQUIRES the attributes DB._init sets."""
+
+    _running: RunningCompaction | None = None  # the compaction in progress, for stats()
 
     def _flush_loop(self) -> None:
         while True:
@@ -165,8 +198,17 @@ class Background:
                     self._bg_cv.notify_all()
                 return
 
-    def _run_task(self, task) -> None:
-        """Run one compaction task and install its result. REQUIRES: _compaction_lock held."""
+    def _run_task(self, task, manual: bool = False) -> None:
+        """Run one compaction task and install its result (``manual``: for DB.compact, as
+        stats() reports it). REQUIRES: _compaction_lock held."""
+        running = RunningCompaction(task, manual)
+        self._running = running
+        try:
+            self._run_task_now(task, running)
+        finally:
+            self._running = None
+
+    def _run_task_now(self, task, running: RunningCompaction) -> None:
         t0 = time.perf_counter()
         version = self._version
         levels = version.levels
@@ -181,10 +223,17 @@ class Background:
             job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
             for n in job.numbers:
                 self._reserve(n)
+            running.outputs = job.numbers
             result = self._in_worker(job.numbers, compaction_job, job)
         if result is None:
+            running.outputs = []
+
+            def on_number(n: int) -> None:
+                self._reserve(n)
+                running.outputs.append(n)
+
             result = execute(job, fs=self._fs, open_table=self._tables.get,
-                             new_number=self._manifest.new_file_number, on_number=self._reserve,
+                             new_number=self._manifest.new_file_number, on_number=on_number,
                              should_stop=lambda: self._closing)
         with self._version_lock:
             new_version = self._log_and_apply(result.edit, job.numbers,

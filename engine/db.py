@@ -505,7 +505,7 @@ class DB(Background):
             self._check_open_for_compaction()
             task = full_task(self._version, self.options)
             if task is not None:
-                self._run_task(task)
+                self._run_task(task, manual=True)
 
     # ------------------------------------------------------------------------------------
     # reports and helpers

@@ -4,6 +4,8 @@ stats(): per level tables/bytes/entries; memtables and log; flushes, compactions
 compacted; write-stall time; block cache hits/misses (scans, and gets when ``mmap_reads`` is
 off); ``reads``: whether gets read mapped tables, how many tables are mapped now and how many
 mappings the OS refused (those tables read with pread); gets and data blocks read per get.
+``compaction_running``: None, or the compaction in progress (levels, whether manual, input
+bytes, output bytes written so far, seconds): what ``sievekv compact`` shows as progress.
 
 filter_report(): per level and per table the table's own filter accounting
 (``Table.filter_stats``: bytes on disk, mapped, resident as measured by the OS, partitions,
@@ -128,6 +130,7 @@ def stats(db) -> dict:
         "compaction_bytes_read": c.compaction_bytes_read,
         "compaction_bytes_written": c.compaction_bytes_written,
         "compaction_seconds": round(c.compaction_s, 3),
+        "compaction_running": _running_compaction(db),
         "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
                         "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
                         "total_seconds": round(c.slowdown_s + c.stop_s, 4)},
@@ -235,3 +238,9 @@ def _actual_run_bits(levels, ids) -> list[float]:
 
 
 __all__ = ["Counters", "stats", "filter_report"]
+
+
+def _running_compaction(db) -> dict | None:
+    """The compaction in progress (engine/background.py RunningCompaction.report), or None."""
+    running = db._running
+    return running.report(db._fs, db.path) if running is not None else None
