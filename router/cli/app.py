@@ -72,7 +72,8 @@ def _router(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _common(p: argparse.ArgumentParser, *, router: bool = False) -> None:
+def _common(p: argparse.ArgumentParser, *, router: bool = False,
+            timeout_help: str = "deadline of each call (default: 30)") -> None:
     """Options every command accepts, before or after the command name."""
     g = p.add_argument_group("cluster selection")
     g.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
@@ -83,7 +84,7 @@ def _common(p: argparse.ArgumentParser, *, router: bool = False) -> None:
         g.add_argument("--router", type=_router, default=argparse.SUPPRESS, metavar="HOST:PORT",
                        help="router address; default: $SIEVEKV_ROUTER or the state file")
         g.add_argument("--timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
-                       help="deadline of each call (default: 30)")
+                       help=timeout_help)
 
 
 def _encoding(p: argparse.ArgumentParser) -> None:
@@ -99,11 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(root, router=True)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def command(parent, name, func, help_, router=False, **kw):
+    def command(parent, name, func, help_, router=False, timeout_help=None, **kw):
         kw.setdefault("epilog", exit_codes.epilog())
         p = parent.add_parser(name, help=help_, description=help_,
                               formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
-        _common(p, router=router)
+        if timeout_help:
+            _common(p, router=router, timeout_help=timeout_help)
+        else:
+            _common(p, router=router)
         p.set_defaults(func=func)
         return p
 
@@ -177,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "engine and service statistics per shard", router=True)
     p.add_argument("--json", action="store_true", help="JSON with raw numbers")
     command(sub, "flush", report_cmds.cmd_flush, "flush every shard's memtable", router=True)
-    command(sub, "compact", report_cmds.cmd_compact, "compact every shard fully", router=True)
+    p = command(sub, "compact", report_cmds.cmd_compact,
+                "compact every shard fully; waits until done (no deadline unless --timeout) "
+                "and shows each shard's progress on stderr", router=True,
+                timeout_help="give up waiting after this many seconds (default: no deadline; "
+                             "the shards go on compacting)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- config --------------------------------------------------------------------------
     cf = sub.add_parser("config", help="print or check a cluster config",

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 import grpc
 
 from ..config import default_config_text
 from ..humanize import format_bytes, format_count
 from . import config_toml, rpc, target
-from .exit_codes import ERROR, OK, PARTIAL, CliError, from_rpc_error
+from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, CliError, from_rpc_error
 from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
 from .table import render
 
 DEFAULT_TIMEOUT = 30.0
+COMPACT_DEADLINE = 1e6  # compact waits as long as it takes (the largest --timeout)
+PROGRESS_TTY_S = 1.0  # compact's progress: rewritten this often on a terminal,
+PROGRESS_PLAIN_S = 10.0  # and a line this often otherwise
 
 
 def timeout(args) -> float:
@@ -102,6 +106,9 @@ def cmd_stats(args) -> int:
             print(f"{name}: " + ", ".join(lv))
         if s.get("failed"):
             print(f"{name}: background error: {s['failed']}")
+        running = running_compaction(s)
+        if running:
+            print(f"{name}: compacting {running}")
     return _finish_partial(doc, "Stats")
 
 
@@ -110,14 +117,24 @@ def cmd_stats(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def _everywhere(args, method: str, done: str) -> int:
+    return _print_sections(_call_everywhere(args, method), method, done)
+
+
+def _call_everywhere(args, method: str) -> list:
+    """Admin.<method> through the router: the per-shard sections (also of a call that failed
+    on some shards)."""
     addr = target.router_address(args)
     try:
         resp, _ = rpc.admin_call(addr, method, timeout(args))
-        sections = resp.shards
+        return list(resp.shards)
     except grpc.RpcError as exc:
         sections = _sections_from_trailer(exc)
         if sections is None:
             raise from_rpc_error(exc, f"{method} via router {addr}") from None
+        return list(sections)
+
+
+def _print_sections(sections: list, method: str, done: str) -> int:
     failed = 0
     for s in sections:
         if s.ok:
@@ -154,7 +171,70 @@ def cmd_flush(args) -> int:
 
 
 def cmd_compact(args) -> int:
-    return _everywhere(args, "Compact", "compacted")
+    """Compact every shard fully. A full compaction of a large shard takes minutes, so unlike
+    the other calls this one has no deadline unless ``--timeout`` sets one, and while it runs
+    each shard's progress (output bytes written of its input bytes, from Stats) is shown on
+    stderr (``--quiet``: not). Ctrl-C stops waiting, not the shards."""
+    if getattr(args, "timeout", None) is None:
+        args.timeout = COMPACT_DEADLINE
+    stop = threading.Event()
+    watcher = None
+    if not getattr(args, "quiet", False):
+        addr = target.router_address(args)
+        watcher = threading.Thread(target=_watch_compaction, args=(addr, stop), daemon=True)
+        watcher.start()
+    try:
+        sections = _call_everywhere(args, "Compact")
+    except KeyboardInterrupt:
+        raise CliError("compact interrupted: the shards go on compacting; `sievekv stats` "
+                       "shows their progress", INTERRUPTED) from None
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(5)  # its last line ends before the results are printed
+    return _print_sections(sections, "Compact", "compacted")
+
+
+def compaction_progress(shards: dict) -> str:
+    """One line for the shards' running compactions (``stats()["compaction_running"]``), or
+    "" when none runs: ``s0 L0->L2 45% (58 MiB of 129 MiB, 12 s); s1 ...``."""
+    return "; ".join(f"{name} {running_compaction(s)}" for name, s in sorted(shards.items())
+                     if running_compaction(s))
+
+
+def running_compaction(stats: dict) -> str:
+    """``L0->L2 45% (58 MiB of 129 MiB, 12 s)`` for one shard's stats, "" when it is not
+    compacting. The percentage is output bytes written of input bytes, at most 99 while it
+    runs (overwritten keys and dropped tombstones make the output smaller than the input)."""
+    run = stats.get("compaction_running") if isinstance(stats, dict) else None
+    if not run:
+        return ""
+    pct = min(99, 100 * run["written_bytes"] // max(1, run["input_bytes"]))
+    return (f"L{run['level']}->L{run['output_level']} {pct}% "
+            f"({format_bytes(run['written_bytes'])} of {format_bytes(run['input_bytes'])}, "
+            f"{run['seconds']:.0f} s)")
+
+
+def _watch_compaction(addr: str, stop: threading.Event) -> None:
+    """Print the shards' compaction progress every few seconds until ``stop`` (a rewritten
+    line on a terminal, a line every PROGRESS_PLAIN_S seconds otherwise)."""
+    tty = sys.stderr.isatty()
+    every = PROGRESS_TTY_S if tty else PROGRESS_PLAIN_S
+    shown = False
+    while not stop.wait(every):
+        try:
+            line = compaction_progress(rpc.report_json(addr, "Stats", every).get("shards", {}))
+        except Exception:  # noqa: BLE001 - progress is best effort; the Compact call itself
+            continue  # reports real failures, and a thread must never print a traceback
+        if not line or stop.is_set():
+            continue
+        if tty:
+            print(f"\rcompacting: {line}\033[K", end="", file=sys.stderr, flush=True)
+            shown = True
+        else:
+            print(f"compacting: {line}", file=sys.stderr, flush=True)
+    if shown:
+        print(file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
