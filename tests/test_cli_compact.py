@@ -83,3 +83,14 @@ def test_compact_on_a_cluster(cluster):
     assert sum(s["compactions"] for s in shards.values()) >= 2
     r = sievekv("get", "key002999", *cfg)
     assert r.returncode == 0 and r.stdout.strip() == "value-2999"
+
+
+def test_compact_deadline_says_the_shards_go_on(cluster):
+    cfg = ["--config", cluster["conf"]]
+    lines = "".join(f"late{i:06d}\tvalue-{i}\n" for i in range(2000))
+    assert sievekv("load", "-", "--format", "tsv", *cfg, input=lines).returncode == 0
+    # A millisecond is less than two hops plus a flush and a compaction take.
+    r = sievekv("compact", "--timeout", "0.001", "--quiet", *cfg)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "gave up waiting after --timeout 0.001 s" in r.stderr
+    assert "the shards go on compacting" in r.stderr

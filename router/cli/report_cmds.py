@@ -130,8 +130,15 @@ def _call_everywhere(args, method: str) -> list:
     except grpc.RpcError as exc:
         sections = _sections_from_trailer(exc)
         if sections is None:
-            raise from_rpc_error(exc, f"{method} via router {addr}") from None
+            err = from_rpc_error(exc, f"{method} via router {addr}")
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _DeadlineExceeded(str(err), err.code) from None
+            raise err from None
         return list(sections)
+
+
+class _DeadlineExceeded(CliError):
+    """The call's deadline passed (the server may still be working on it)."""
 
 
 def _print_sections(sections: list, method: str, done: str) -> int:
@@ -188,6 +195,10 @@ def cmd_compact(args) -> int:
     except KeyboardInterrupt:
         raise CliError("compact interrupted: the shards go on compacting; `sievekv stats` "
                        "shows their progress", INTERRUPTED) from None
+    except _DeadlineExceeded as exc:
+        raise CliError(f"compact: gave up waiting after --timeout {args.timeout:g} s; the "
+                       f"shards go on compacting; `sievekv stats` shows their progress",
+                       exc.code) from None
     finally:
         stop.set()
         if watcher is not None:
