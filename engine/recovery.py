@@ -9,15 +9,16 @@ Steps (LevelDB's ``DB::Open``):
    is dropped; damage before the tail raises CorruptionError). The logs before the last one
    are replayed into a memtable that is written to L0 tables (synced, directory synced)
    whenever it fills up and at the end.
-4. The last log is *reused* (LevelDB's ``reuse_logs``): its writes become the DB's memtable
-   and new writes are appended to it, after an fsync (so everything replayed is durable, as
-   a table would make it). So a restart adds no L0 table: a process that keeps crashing
-   before its background work finishes cannot pile up L0 (it did, one table per open).
-   Not reused, and replayed into tables like the others, when it ends in a torn record (an
-   append after it would turn the torn tail into corruption before the tail) or holds a full
-   memtable; a new, empty log is started then (directory synced).
-5. Record in one manifest edit the new L0 tables, the log number (the reused or new log:
-   older logs are then obsolete) and the last sequence number.
+4. The last log's writes are *carried over*: they become the DB's first memtable, and its
+   records (the clean prefix, a torn tail dropped) are copied into a new log, fsynced, the
+   directory synced. So a restart adds no L0 table: a process that keeps crashing before
+   its background work finishes cannot pile up L0 (it did, one table per open). The records
+   are written anew, not appended to the old file: after a failed fsync Linux marks the
+   unwritten pages clean, so a later fsync of the old file would report success without
+   making them durable (tests/test_review_log_reuse.py). A last log that holds a full
+   memtable is written to L0 instead, and the new log starts empty.
+5. Record in one manifest edit the new L0 tables, the new log's number (every older log is
+   then obsolete) and the last sequence number.
 6. Remove what a crash left behind: tables no version references, logs below the log number,
    old manifests, temp files.
 
@@ -48,7 +49,7 @@ class RecoveredState:
     manifest: Manifest
     log: LogWriter
     log_number: int
-    mem: MemTable  # the writes of the reused log (empty for a new log); log_number = its log
+    mem: MemTable  # the last log's carried-over writes (or empty); log_number = the new log
     last_sequence: int
     replayed_entries: int
     tables_written: int
@@ -117,39 +118,43 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
         return m
 
     logs = manifest.logs_to_replay()
-    live = None  # the last log's writes, when that log is reused
-    for i, (number, log_path) in enumerate(logs):
+    live = MemTable()  # what the DB's first memtable holds: the last log's writes, if carried
+    carried: list = []  # the last log's records, copied into the new log
+    for i, (_number, log_path) in enumerate(logs):
         result = read_log(fs, log_path)
-        if i == len(logs) - 1 and not result.torn_tail:
-            last = replay(MemTable(number), result, log_path, flush_when_full=False)
+        if i == len(logs) - 1:
+            last = replay(MemTable(), result, log_path, flush_when_full=False)
             if last.approximate_bytes < options.memtable_bytes:
-                live = last
+                live, carried = last, result.records
             else:  # a full memtable goes to a table, as the running DB would have done
                 flush_mem(mem)  # older data first: larger table numbers hold newer data
                 mem = last
         else:
             mem = replay(mem, result, log_path, flush_when_full=True)
     flush_mem(mem)
-    reuse = live is not None
-    if reuse:
-        log_number, log_path = logs[-1]
-        log = LogWriter(fs.open_appendable(log_path))
-    else:
-        log_number = manifest.new_file_number()
-        log_path = filenames.log_file_name(path, log_number)
-        live = MemTable(log_number)
-        log = LogWriter(fs.open_writable(log_path))
+    log_number = manifest.new_file_number()
+    live.log_number = log_number
+    log_path = filenames.log_file_name(path, log_number)
+    log = LogWriter(fs.open_writable(log_path))
     try:
-        if reuse:
-            log.sync()  # a dead process's unsynced appends: durable before any new write
-        else:
-            fs.sync_dir(path)
+        # The carried records are written anew, not appended to the old file: a failed fsync
+        # of the old log may have left its pages clean but never written (Linux marks them
+        # clean), so no later fsync of that file could make them durable.
+        for payload in carried:
+            log.add_record(payload)
+        if carried:
+            log.sync()
+        fs.sync_dir(path)
         edit = VersionEdit(log_number=log_number, last_sequence=last_seq)
         for m in metas:  # written in order: larger numbers hold newer data
             edit.add_file(0, m)
         manifest.log_and_apply(edit)
     except BaseException:
         log.close()
+        try:  # not referenced by the manifest: a later open would only replay it again
+            fs.remove(log_path)
+        except SieveError:
+            pass
         raise
     removed = 0
     for stale in obsolete_files(fs, path, manifest, pending={log_number}):
