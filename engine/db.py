@@ -122,7 +122,7 @@ class DB(Background):
         self._manifest: Manifest = state.manifest
         self._version = state.manifest.current
         self._log: LogWriter = state.log
-        self._mem = state.mem  # the reused log's writes (engine/recovery.py), or empty
+        self._mem = state.mem  # the last log's carried-over writes (engine/recovery.py), or empty
         self._frozen: list[MemTable] = []  # newest first
         self._last_seq = state.last_sequence
         self.counters.recovered_entries = state.replayed_entries
