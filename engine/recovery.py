@@ -15,8 +15,11 @@ Steps (LevelDB's ``DB::Open``):
    its background work finishes cannot pile up L0 (it did, one table per open). The records
    are written anew, not appended to the old file: after a failed fsync Linux marks the
    unwritten pages clean, so a later fsync of the old file would report success without
-   making them durable (tests/test_review_log_reuse.py). A last log that holds a full
-   memtable is written to L0 instead, and the new log starts empty.
+   making them durable (tests/test_review_log_reuse.py). A last log whose writes take
+   ``CARRY_MAX_BYTES`` or more in the memtable (or fill it) is written to L0 instead and the
+   new log starts empty: carrying costs its replay and copy at every open until a flush
+   (~0.15 s per MB measured), a table costs that once (RocksDB and LevelDB by default always
+   write recovered logs to L0).
 5. Record in one manifest edit the new L0 tables, the new log's number (every older log is
    then obsolete) and the last sequence number.
 6. Remove what a crash left behind: tables no version references, logs below the log number,
@@ -41,6 +44,9 @@ from .memtable import MemTable
 from .table_writer import write_tables
 from .version_edit import VersionEdit
 from .wal import LogWriter, decode_batch, read_log
+
+
+CARRY_MAX_BYTES = 1 << 20  # step 4: a larger last log is written to L0 (see above)
 
 
 @dataclass
@@ -124,9 +130,9 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
         result = read_log(fs, log_path)
         if i == len(logs) - 1:
             last = replay(MemTable(), result, log_path, flush_when_full=False)
-            if last.approximate_bytes < options.memtable_bytes:
+            if last.approximate_bytes < min(options.memtable_bytes, CARRY_MAX_BYTES):
                 live, carried = last, result.records
-            else:  # a full memtable goes to a table, as the running DB would have done
+            else:  # a large one goes to a table once, not replayed and copied at every open
                 flush_mem(mem)  # older data first: larger table numbers hold newer data
                 mem = last
         else:

@@ -29,7 +29,7 @@ import threading
 import time
 
 import engine
-from engine import DB, filenames
+from engine import DB, filenames, recovery
 from engine.filenames import FileKind, list_files
 from engine.format import KIND_VALUE
 from engine.vfs import FileSystem
@@ -233,3 +233,24 @@ def test_older_logs_go_to_tables_and_the_last_one_is_carried_over(tmp_path):
     with DB.open(path) as db:
         assert db.get(b"k00") == b"new" and db.get(b"k09") == b"newest"
         assert db.get(b"k07") == b"old"
+
+
+def test_only_a_small_last_log_is_carried_over(tmp_path, monkeypatch):
+    """A small last log (a crash loop's few writes) is carried over to the new log; a large one
+    is written to a table once, so a DB closed with much unflushed data does not replay and
+    copy it again at every open."""
+    monkeypatch.setattr(recovery, "CARRY_MAX_BYTES", 8 * 1024)
+    small, large = tmp_path / "small", tmp_path / "large"
+    with DB.open(small) as db:
+        db.write([(b"k%03d" % i, b"v" * 20) for i in range(20)])  # ~1 KB
+    with DB.open(large) as db:
+        db.write([(b"k%04d" % i, b"v" * 100) for i in range(200)])  # ~25 KB
+    for _ in range(2):
+        with DB.open(small, disable_auto_compactions=True) as db:
+            assert db.stats()["recovered_tables"] == 0 and _l0(db) == 0
+            assert db.get(b"k007") == b"v" * 20
+    with DB.open(large, disable_auto_compactions=True) as db:
+        assert db.stats()["recovered_tables"] == 1 and _l0(db) == 1
+    with DB.open(large, disable_auto_compactions=True) as db:  # nothing left to replay
+        assert db.stats()["recovered_entries"] == 0 and _l0(db) == 1
+        assert db.get(b"k0123") == b"v" * 100
