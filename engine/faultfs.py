@@ -14,7 +14,8 @@ renamed since the directory's last sync disappear, names removed or replaced com
 their synced contents, and every file is cut to its synced size. Modes: ``"drop"`` (power loss:
 lose all unsynced data), ``"torn"`` (power loss, but each file keeps a random prefix of its
 unsynced bytes, so logs end in torn records), ``"keep"`` (process crash only: everything the OS
-accepted stays).
+accepted stays, and counts as durable from then on), ``"process"`` (the same, but what was
+never synced stays unsynced, so a later power loss still drops it unless someone syncs it).
 
 Faults: :meth:`fail_writes_with` (e.g. ENOSPC, optionally after N more bytes, with a partial
 write), :meth:`fail_sync`, :meth:`fail_reads_with`; each raises StorageIOError carrying the
@@ -180,16 +181,22 @@ class FaultInjectionFS(FileSystem):
         """Simulate a machine crash and reboot: put every touched directory and file back to
         what was durable (see the module docstring for ``unsynced`` = drop / torn / keep).
 
-        Afterwards the current files count as durable, all injected faults are cleared, and
-        files opened before the crash refuse all use.
+        ``unsynced="process"``: only the process dies, the machine stays up. Files stay as the
+        OS has them, as with "keep", but the layer goes on remembering what was never synced,
+        so a later ``crash("drop")`` loses it unless the next process syncs it (with "keep",
+        every byte counts as durable afterwards, so no test could see a missing fsync).
+
+        Afterwards (except after "process") the current files count as durable; all injected
+        faults are cleared, and files opened before the crash refuse all use.
         """
-        if unsynced not in ("drop", "torn", "keep"):
+        if unsynced not in ("drop", "torn", "keep", "process"):
             raise ValueError(f"unknown crash mode {unsynced!r}")
         with self._mu:
-            if unsynced != "keep":
+            if unsynced in ("drop", "torn"):
                 self._restore_durable_state(torn=unsynced == "torn")
-            self._durable.clear()
-            self._synced.clear()
+            if unsynced != "process":
+                self._durable.clear()
+                self._synced.clear()
             self._generation += 1
             for held in self._held_locks:
                 held.release()

@@ -139,6 +139,28 @@ def test_keep_mode_keeps_everything(fs, tmp_path):
     assert (tmp_path / "f").read_bytes() == b"abc"
 
 
+def test_process_mode_keeps_files_but_not_their_durability(fs, tmp_path):
+    """A process crash keeps what the OS has; a later power loss still drops what nobody
+    synced, unless the next process syncs it."""
+    d = str(tmp_path)
+    f = fs.open_writable(os.path.join(d, "log"))
+    fs.sync_dir(d)
+    f.append(b"0123")
+    f.sync()
+    f.append(b"4567")  # in the OS only
+    fs.crash("process")
+    assert (tmp_path / "log").read_bytes() == b"01234567"
+    fs.crash("drop")
+    assert (tmp_path / "log").read_bytes() == b"0123"
+    g = fs.open_appendable(os.path.join(d, "log"))
+    g.append(b"89")
+    fs.crash("process")
+    g = fs.open_appendable(os.path.join(d, "log"))
+    g.sync()  # the next process syncs: now it all survives
+    fs.crash("drop")
+    assert (tmp_path / "log").read_bytes() == b"012389"
+
+
 def test_enospc_fails_appends(fs, tmp_path):
     f = fs.open_writable(str(tmp_path / "f"))
     f.append(b"ok")

@@ -6,11 +6,11 @@ the tail at a power loss) is fixed: the last log's records are now copied into a
 
 Two fault-injection layers over engine/faultfs.py, both defined here:
 
-- :class:`_ReviewFS.kill` ends the simulated *process* while the machine stays up: everything
-  the OS accepted stays, and the layer still remembers which bytes were never fsynced, so a
-  later power loss (``crash("drop")``) drops them. (``FaultInjectionFS.crash("keep")`` forgets
-  that: afterwards every byte counts as synced, so with it no test can see whether the reopen
-  fsyncs the reused log.)
+- :class:`_ReviewFS.kill` ends the simulated *process* while the machine stays up
+  (``FaultInjectionFS.crash("process")``, added for this review): everything the OS accepted
+  stays, and the layer still remembers which bytes were never fsynced, so a later power loss
+  (``crash("drop")``) drops them. (``crash("keep")`` forgets that: afterwards every byte counts
+  as synced, so with it no test can see whether the reopen fsyncs what it carries over.)
 - ``fsync_loses_pages=True`` models what Linux (ext4, xfs) does when an fsync fails: the dirty
   pages are marked clean, so the bytes written since the file's last good fsync never reach the
   disk, and a later fsync of the file reports success without writing them (PostgreSQL's
@@ -49,12 +49,7 @@ class _ReviewFS(FaultInjectionFS):
 
     def kill(self) -> None:
         """The process dies; the machine does not. Unsynced bytes stay unsynced."""
-        with self._mu:
-            synced = dict(self._synced)
-            durable = {d: dict(e) for d, e in self._durable.items()}
-            super().crash("keep")
-            self._synced.update(synced)
-            self._durable.update(durable)
+        self.crash("process")
 
     def _check_sync(self, path: str) -> None:
         try:
@@ -89,8 +84,8 @@ class _ReviewFS(FaultInjectionFS):
         with self._mu:
             super().crash(unsynced)
             self.fail_log_sync = False
-            if unsynced == "keep":
-                return
+            if unsynced in ("keep", "process"):
+                return  # the pages a failed fsync lost are still in the OS's cache
             lost, self.lost = self.lost, []
             for path, key, start, end in lost:
                 try:
