@@ -93,7 +93,7 @@ def _encoding(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import data_cmds, lifecycle, report_cmds, status
+    from . import bench_cmd, data_cmds, lifecycle, report_cmds, status
 
     root = _Parser(prog="sievekv", description=DESCRIPTION, epilog=exit_codes.epilog(),
                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +170,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1000, metavar="N",
                    help="records per write batch (default 1000; batches also stop at 1 MiB)")
     p.add_argument("--sync", action="store_true", help="fsync each batch on the shards")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+
+    # -- load test -----------------------------------------------------------------------
+    p = command(sub, "bench", bench_cmd.cmd_bench,
+                "load test through the router: N client processes call back to back for S "
+                "seconds; prints ops/s, latency percentiles, found ratio, errors, client spread",
+                router=True)
+    p.add_argument("--op", choices=bench_cmd.OPS, default="get",
+                   help="get (default), put, mget (--batch keys per call) or mixed (90%% get, "
+                        "10%% put); keys are bench:%%010d, picked at random")
+    p.add_argument("--clients", type=int, default=4, metavar="N",
+                   help="client processes (default 4)")
+    p.add_argument("--seconds", type=float, default=10.0, metavar="S",
+                   help="measured seconds (default 10)")
+    p.add_argument("--keys", type=int, default=100000, metavar="K",
+                   help="size of the key space (default 100000)")
+    p.add_argument("--value-size", type=int, default=100, metavar="B",
+                   help="bytes per value written (default 100)")
+    p.add_argument("--batch", type=int, default=100, metavar="M",
+                   help="keys per mget call (default 100)")
+    p.add_argument("--preload", action="store_true",
+                   help="first write all K keys (batched) and flush, so reads find them")
+    p.add_argument("--sync", action="store_true", help="puts (and the preload) fsync the log")
+    p.add_argument("--json", action="store_true", help="JSON with raw numbers")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- reports -------------------------------------------------------------------------
