@@ -4,6 +4,10 @@ start_cluster's finalizer, even when a test fails) with real client processes. S
 The summing and the exit on a run where every call failed are checked on result documents."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 import uuid
 
 import psutil
@@ -12,7 +16,7 @@ import pytest
 from router.cli.bench_cmd import all_failed
 from router.cli.bench_report import nearest_rank, render, summarize
 
-from .test_cli_e2e import clean_cli_env, cluster_from_text, free_port, sievekv
+from .test_cli_e2e import ROOT, clean_cli_env, cluster_from_text, free_port, sievekv
 
 CONF = """
 [cluster]
@@ -149,6 +153,35 @@ def test_no_cluster_exits_3_with_one_line_and_no_child_left(tmp_path):
     for p in alive:
         p.kill()
     assert clients == [] and alive == [], [p.cmdline() for p in left]
+
+
+def test_clients_exit_when_the_bench_command_is_killed(cluster):
+    """SIGKILL of the CLI mid-run (no chance to stop its clients): each client notices its
+    parent is gone and exits, instead of calling on to a deadline a minute away."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=ROOT, SIEVEKV_BENCH_TEST_TAG=tag)
+    env.pop("SIEVEKV_CONFIG", None)
+    cli = subprocess.Popen([sys.executable, "-m", "router.cli", "bench", "--config",
+                            cluster["conf"], "--seconds", "60", "--clients", "2", "--quiet"],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    clients = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(clients) < 2:
+            clients = [p for p in _tagged(tag) if "multiprocessing.spawn" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert len(clients) == 2, "the clients never started"
+        time.sleep(2.0)  # past their warm-up call and the common start: inside the run
+        cli.kill()
+        cli.wait(30)
+        _, alive = psutil.wait_procs(clients, timeout=30)
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(30)
+        for p in _tagged(tag):
+            p.kill()
 
 
 def test_no_state_file_exits_3(tmp_path):

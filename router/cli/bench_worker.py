@@ -14,6 +14,9 @@ Protocol with the parent (router/cli/bench_cmd.py), over one duplex Pipe per chi
    ``counters[index]`` per finished call (the parent's progress line reads them).
 4. The child sends ``("result", ChildResult-as-dict)`` and exits.
 
+A child whose parent dies (killed without a chance to stop it) notices within
+``PARENT_CHECK_S`` and exits, instead of running on to the deadline as an orphan.
+
 A failed call is counted under its gRPC status name and the loop goes on; its latency is not
 recorded (percentiles are of successful calls). Latencies are exact (one double per call,
 8 bytes): nothing is sampled, so the tail is not biased.
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 KEY_FORMAT = b"bench:%010d"
 MIXED_PUT_SHARE = 0.10  # --op mixed: 90% get, 10% put
+PARENT_CHECK_S = 0.5  # how often a child checks that the bench command still runs
 
 
 def bench_key(i: int) -> bytes:
@@ -125,7 +129,12 @@ def _run(index, spec: Spec, client, ClientError, counters, stop, start_at, deadl
         time.sleep(pause)
     calls = 0
     end = now()
+    parent, next_check = os.getppid(), 0.0
     while not stop.value:
+        if end >= next_check:  # the parent killed (SIGTERM/SIGKILL): stop, do not run on
+            if os.getppid() != parent:  # to the deadline (up to an hour) as an orphan
+                break
+            next_check = end + PARENT_CHECK_S
         if spec.op == "mixed":
             op = "put" if rnd.random() < MIXED_PUT_SHARE else "get"
         else:
