@@ -32,6 +32,7 @@ from ..humanize import format_bytes, format_count
 from . import bench_worker, target
 from .bench_report import render, summarize
 from .exit_codes import ERROR, INTERRUPTED, OK, USAGE, CliError, code_for_grpc
+from .progress import StatusLine
 from .sizes import cluster_limits, mutation_bytes
 
 OPS = ("get", "put", "mget", "mixed")
@@ -67,34 +68,6 @@ def check_args(args, max_value_bytes: int) -> None:
     if args.op == "mget" and reply > max_value_bytes + (1 << 20):
         raise CliError(f"--batch: {args.batch} values of {args.value_size} bytes make a "
                        f"{reply}-byte reply, over the cluster's message limit", USAGE)
-
-
-class _StatusLine:
-    """Progress on stderr: rewritten every second on a terminal, a line every 5 s otherwise."""
-
-    def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.last = time.monotonic()
-        self.open_line = False
-
-    def show(self, msg: str, final: bool = False) -> None:
-        if self.quiet:
-            return
-        now = time.monotonic()
-        if not final and now - self.last < (1.0 if self.tty else 5.0):
-            return
-        self.last = now
-        if self.tty:
-            print(f"\r{msg}\033[K", end="\n" if final else "", file=sys.stderr, flush=True)
-            self.open_line = not final
-        else:
-            print(msg, file=sys.stderr, flush=True)
-
-    def end_line(self) -> None:
-        if self.open_line:
-            print(file=sys.stderr, flush=True)
-            self.open_line = False
 
 
 class _Children:
@@ -178,7 +151,7 @@ def _startup_error(messages: dict[int, tuple], n: int, address: str) -> CliError
     return None
 
 
-def _preload(args, address: str, max_value_bytes: int, progress: _StatusLine) -> None:
+def _preload(args, address: str, max_value_bytes: int, progress: StatusLine) -> None:
     """Write every key of the key space (values of --value-size random bytes) in batches,
     then flush every shard. Runs after the children exist (this process now uses gRPC)."""
     from ..client import Client
@@ -222,7 +195,7 @@ def cmd_bench(args) -> int:
     setup = {"op": args.op, "clients": args.clients, "seconds": args.seconds, "keys": args.keys,
              "value_size": args.value_size, "batch": args.batch, "sync": args.sync,
              "preload": args.preload, "router": address}
-    progress = _StatusLine(args.quiet)
+    progress = StatusLine(args.quiet)
     children = _Children(args.clients, spec)
     try:
         try:
@@ -266,7 +239,7 @@ def all_failed(doc: dict) -> CliError | None:
                     code_for_grpc(getattr(grpc.StatusCode, name, None)))
 
 
-def _run(args, children: _Children, setup: dict, progress: _StatusLine) -> tuple[dict, bool]:
+def _run(args, children: _Children, setup: dict, progress: StatusLine) -> tuple[dict, bool]:
     """Start the children at one instant, show progress, collect their results."""
     start_at = time.monotonic() + START_LEAD
     deadline = start_at + args.seconds

@@ -25,6 +25,7 @@ from . import target
 from .codec import decode, encode
 from .exit_codes import (INTERRUPTED, NOT_FOUND, OK, PARTIAL, USAGE, CliError, code_for_grpc,
                          from_client_error)
+from .progress import StatusLine
 from .records import format_record, guess_format, iter_records
 from .sizes import SYNC_FIELD_BYTES, cluster_limits, mutation_bytes, record_problem
 from .value_source import read_value
@@ -129,35 +130,20 @@ def cmd_scan(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 class _Progress:
-    """Progress on stderr: a rewritten line on a terminal, a line every 5 s otherwise."""
+    """``load``'s progress: records, bytes and records/s on a :class:`StatusLine` (rewritten
+    up to 5 times a second on a terminal, a line every 5 s otherwise)."""
 
     def __init__(self, quiet: bool):
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.t0 = self.last = time.monotonic()
-        self.open_line = False  # a terminal line was written without its newline
+        self.line = StatusLine(quiet, tty_every=0.2, plain_every=5.0)
+        self.t0 = time.monotonic()
 
     def update(self, records: int, nbytes: int, final: bool = False) -> None:
-        if self.quiet:
-            return
-        now = time.monotonic()
-        if not final and now - self.last < (0.2 if self.tty else 5.0):
-            return
-        self.last = now
-        el = max(now - self.t0, 1e-9)
-        msg = (f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in {el:.1f}s, "
-               f"{format_count(int(records / el))} records/s")
-        if self.tty:
-            print(f"\r{msg}\033[K", end="\n" if final else "", file=sys.stderr, flush=True)
-            self.open_line = not final
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        el = max(time.monotonic() - self.t0, 1e-9)
+        self.line.show(f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in "
+                       f"{el:.1f}s, {format_count(int(records / el))} records/s", final)
 
     def end_line(self) -> None:
-        """Finish a rewritten terminal line, so that what follows starts a line of its own."""
-        if self.open_line:
-            print(file=sys.stderr, flush=True)
-            self.open_line = False
+        self.line.end_line()
 
 
 def _open_input(path: str):

@@ -17,6 +17,7 @@ from ..humanize import format_bytes, format_count
 from . import config_toml, rpc, target
 from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, CliError, from_rpc_error
 from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
+from .progress import StatusLine
 from .table import render
 
 DEFAULT_TIMEOUT = 30.0
@@ -227,25 +228,18 @@ def running_compaction(stats: dict) -> str:
 
 
 def _watch_compaction(addr: str, stop: threading.Event) -> None:
-    """Print the shards' compaction progress every few seconds until ``stop`` (a rewritten
-    line on a terminal, a line every PROGRESS_PLAIN_S seconds otherwise)."""
-    tty = sys.stderr.isatty()
-    every = PROGRESS_TTY_S if tty else PROGRESS_PLAIN_S
-    shown = False
+    """Show the shards' compaction progress until ``stop``: polled every PROGRESS_TTY_S
+    seconds on a terminal (the line rewritten), every PROGRESS_PLAIN_S otherwise."""
+    line = StatusLine(tty_every=0, plain_every=0)  # this loop sets the pace
+    every = PROGRESS_TTY_S if line.tty else PROGRESS_PLAIN_S
     while not stop.wait(every):
         try:
-            line = compaction_progress(rpc.report_json(addr, "Stats", every).get("shards", {}))
+            now = compaction_progress(rpc.report_json(addr, "Stats", every).get("shards", {}))
         except Exception:  # noqa: BLE001 - progress is best effort; the Compact call itself
             continue  # reports real failures, and a thread must never print a traceback
-        if not line or stop.is_set():
-            continue
-        if tty:
-            print(f"\rcompacting: {line}\033[K", end="", file=sys.stderr, flush=True)
-            shown = True
-        else:
-            print(f"compacting: {line}", file=sys.stderr, flush=True)
-    if shown:
-        print(file=sys.stderr, flush=True)
+        if now and not stop.is_set():
+            line.show(f"compacting: {now}")
+    line.end_line()
 
 
 # ---------------------------------------------------------------------------------------------
