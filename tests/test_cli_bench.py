@@ -16,32 +16,15 @@ import pytest
 from router.cli.bench_cmd import all_failed
 from router.cli.bench_report import nearest_rank, render, summarize
 
-from .test_cli_e2e import ROOT, clean_cli_env, cluster_from_text, free_port, sievekv
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
+from .test_cli_e2e import ROOT, free_port, sievekv, two_shard_cluster
 
-CONF = """
-[cluster]
-data_dir = "data"
-[router]
-listen = "127.0.0.1:0"
-[shards]
-count = 2
-base_port = 0
-[supervisor]
-start_timeout = 60.0
-stop_timeout = 10.0
-"""
 
 SHORT = ("--seconds", "0.5", "--clients", "2", "--quiet")
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    clean_cli_env(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
-    return cluster_from_text(CONF, tmp_path_factory, request, "bench")
+pytestmark = pytest.mark.usefixtures("cli_env_cleared")
+cluster = two_shard_cluster("bench")
 
 
 def bench_json(cluster, *argv) -> dict:

@@ -10,30 +10,13 @@ import pytest
 from router.cli.app import build_parser
 from router.cli.report_cmds import compaction_progress, running_compaction
 
-from .test_cli_e2e import clean_cli_env, cluster_from_text, sievekv
-
-CONF = """
-[cluster]
-data_dir = "data"
-[router]
-listen = "127.0.0.1:0"
-[shards]
-count = 2
-base_port = 0
-[supervisor]
-start_timeout = 60.0
-stop_timeout = 10.0
-"""
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
+from .test_cli_e2e import sievekv, two_shard_cluster
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    clean_cli_env(monkeypatch)
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
-    return cluster_from_text(CONF, tmp_path_factory, request, "compact")
+pytestmark = pytest.mark.usefixtures("cli_env_cleared")
+cluster = two_shard_cluster("compact")
 
 
 RUNNING = {"level": 0, "output_level": 2, "manual": True, "input_bytes": 200 << 20,

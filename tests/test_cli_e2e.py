@@ -108,6 +108,37 @@ def clean_cli_env(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture
+def cli_env_cleared(monkeypatch):
+    """clean_cli_env as a fixture: ``pytestmark = pytest.mark.usefixtures("cli_env_cleared")``
+    in a module that imports it."""
+    clean_cli_env(monkeypatch)
+
+
+TWO_SHARDS = """
+[cluster]
+data_dir = "data"
+[router]
+listen = "127.0.0.1:0"
+[shards]
+count = 2
+base_port = 0
+[supervisor]
+start_timeout = 60.0
+stop_timeout = 10.0
+"""
+
+
+def two_shard_cluster(name: str):
+    """A module-scoped fixture: a real 2-shard cluster on free ports (TWO_SHARDS), started
+    once per module in a directory ``name`` and stopped by its finalizer. Use as
+    ``cluster = two_shard_cluster("bench")``."""
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory, request):
+        return cluster_from_text(TWO_SHARDS, tmp_path_factory, request, name)
+    return cluster
+
+
 def cluster_from_text(text: str, tmp_path_factory, request, name: str) -> dict:
     """Write ``text`` as cluster.toml in a fresh directory ``name`` and start that cluster
     (stopped by the test's finalizer, see start_cluster)."""

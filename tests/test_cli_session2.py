@@ -26,7 +26,8 @@ from shard.limits import Limits
 from sievekv_proto import sievekv_pb2 as pb
 from engine.errors import InvalidArgumentError
 
-from .test_cli_e2e import clean_cli_env, cluster_from_text, sievekv
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
+from .test_cli_e2e import cluster_from_text, sievekv
 
 LIMIT = 64 * 1024
 MESSAGE_LIMIT = LIMIT + (1 << 20)
@@ -46,9 +47,7 @@ stop_timeout = 10.0
 """
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    clean_cli_env(monkeypatch)
+pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 
 @pytest.fixture(scope="module")

@@ -31,30 +31,13 @@ from router.cli import app, records
 from router.cli.exit_codes import INTERRUPTED, OK, USAGE
 from router.client import Client
 
-from .test_cli_e2e import ROOT, clean_cli_env, cluster_from_text, sievekv
-
-CONF = """
-[cluster]
-data_dir = "data"
-[router]
-listen = "127.0.0.1:0"
-[shards]
-count = 2
-base_port = 0
-[supervisor]
-start_timeout = 60.0
-stop_timeout = 10.0
-"""
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
+from .test_cli_e2e import ROOT, sievekv, two_shard_cluster
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    clean_cli_env(monkeypatch)
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
-    return cluster_from_text(CONF, tmp_path_factory, request, "session3")
+pytestmark = pytest.mark.usefixtures("cli_env_cleared")
+cluster = two_shard_cluster("session3")
 
 
 def run(cluster, *argv, **kw):

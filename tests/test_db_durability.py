@@ -180,6 +180,20 @@ def _apply(model, op):
                 model[k] = v
 
 
+def matches_a_prefix(got: dict, base: dict, ops: list, durable: int, started: int) -> bool:
+    """True if ``got`` is ``base`` after ``ops[:n]`` for some ``durable <= n <= started``: every
+    acknowledged durable operation is there, and of the others only a prefix (no hole)."""
+    model = dict(base)
+    for i in range(durable):
+        _apply(model, ops[i])
+    for i in range(durable, started + 1):
+        if got == model:
+            return True
+        if i < started:
+            _apply(model, ops[i])
+    return False
+
+
 def _crash_trial(tmp_path, seed):
     import random
 
@@ -218,16 +232,9 @@ def _crash_trial(tmp_path, seed):
     with DB.open(path, fs=fs, **TINY) as db:
         got = dict(db.scan())
         assert all(db.get(k) == v for k, v in got.items())
-        model = {}
-        for i in range(durable):
-            _apply(model, ops[i])
-        for i in range(durable, started + 1):
-            if got == model:
-                return
-            if i < started:
-                _apply(model, ops[i])
-        raise AssertionError(f"seed {seed}: the recovered state is no prefix of the operations "
-                             f"that keeps all {durable} acknowledged durable ones")
+        assert matches_a_prefix(got, {}, ops, durable, started), (
+            f"seed {seed}: the recovered state is no prefix of the operations that keeps all "
+            f"{durable} acknowledged durable ones")
 
 
 def test_crash_points_with_overwrites_deletes_and_compactions(tmp_path):

@@ -35,6 +35,8 @@ from engine.faultfs import FaultInjectionFS, InjectedCrash
 from engine.filenames import FileKind, list_files
 from engine.vfs import FileSystem
 
+from .test_db_durability import matches_a_prefix
+
 
 class _ReviewFS(FaultInjectionFS):
     """FaultInjectionFS plus a process kill that keeps the unsynced bookkeeping, a switch that
@@ -337,15 +339,6 @@ def _ops(rnd, n, tag):
     return out
 
 
-def _apply(model, op):
-    if op[0] == "write":
-        for k, v in op[1]:
-            if v is None:
-                model.pop(k, None)
-            else:
-                model[k] = v
-
-
 def _run(db, ops, sync_every):
     """Run ops until the injected crash; return (durable, started)."""
     durable = started = 0
@@ -392,16 +385,9 @@ def _reuse_trial(tmp_path, seed):
     fs.crash(rnd.choice(["drop", "torn"]))
     with DB.open(path, fs=fs, **TINY) as db:
         got = dict(db.scan())
-    model = dict(base)
-    for i in range(durable):
-        _apply(model, ops[i])
-    for i in range(durable, started + 1):
-        if got == model:
-            return
-        if i < started:
-            _apply(model, ops[i])
-    raise AssertionError(f"seed {seed}: state after the reuse open, then a power loss, is not "
-                         f"what that open served plus a prefix of the later writes")
+    assert matches_a_prefix(got, base, ops, durable, started), (
+        f"seed {seed}: state after the carry-over open, then a power loss, is not what that "
+        f"open served plus a prefix of the later writes")
 
 
 def test_power_loss_after_a_reuse_open_keeps_what_it_served_and_every_synced_write(tmp_path):
