@@ -1,6 +1,7 @@
 """Review of session 3's operator features (`sievekv bench`, `sievekv compact` progress): each
-test reproduces a finding on a real 2-shard cluster with real client processes and fails on
-the code as reviewed (xfail strict). Every process a test starts is stopped in its finally
+test reproduces a finding on a real 2-shard cluster with real client processes; each failed on
+the code as reviewed and passes since the fix (bench_cmd.py: results kept across a Ctrl-C;
+children spawned with SIGINT ignored). Every process a test starts is stopped in its finally
 block; the cluster is stopped by start_cluster's finalizer. Ordering between processes is
 made deterministic with SIGSTOP/SIGCONT and /proc signal masks, never with timed assertions.
 """
@@ -92,12 +93,6 @@ def _cleanup(cli: subprocess.Popen, clients: list[psutil.Process]) -> None:
             pass
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench_cmd._run: on Ctrl-C the results already received by the first "
-    "children.receive() are dropped (its `out` dict is lost with the KeyboardInterrupt); "
-    "the second receive() reads EOF from a client that already sent its result and exited, "
-    "so the command fails 'bench client N gave no result (exit code 0)' (exit 1) instead "
-    "of printing what was measured and exiting 130 (docs/cli.md)"))
 def test_ctrl_c_after_one_client_finished_still_reports_and_exits_130(cluster):
     base = _total_gets(cluster)
     cli = _bench(cluster, "--op", "get", "--keys", "100", "--clients", "2", "--seconds", "3",
@@ -138,12 +133,6 @@ def _sigint_state(pid: int) -> tuple[bool, bool] | None:
             bool(int(fields["SigIgn"], 16) & SIGINT_BIT))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench_worker.main ignores SIGINT only once it runs; a spawned client that is still "
-    "starting (interpreter up, importing router.cli, ~0.1-0.5 s per client) has Python's "
-    "default handler, so Ctrl-C on the terminal (SIGINT to the whole process group) prints "
-    "a KeyboardInterrupt traceback (or 'Fatal Python error: init_sys_streams') per starting "
-    "client beside the CLI's one line"))
 def test_ctrl_c_while_clients_start_prints_one_line_and_no_traceback(cluster):
     cli = _bench(cluster, "--clients", "1", "--seconds", "1", "--quiet")
     clients: list[psutil.Process] = []

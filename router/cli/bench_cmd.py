@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from multiprocessing.connection import wait
@@ -78,22 +79,32 @@ class _Children:
         self.counters = ctx.RawArray("q", n)
         self.stop = ctx.RawValue("b", 0)
         self.procs, self.conns = [], []
-        for i in range(n):
-            parent_end, child_end = ctx.Pipe()
-            p = ctx.Process(target=bench_worker.main, name=f"sievekv-bench-{i}", daemon=True,
-                            args=(i, spec, child_end, self.counters, self.stop))
-            self.procs.append(p)
-            self.conns.append(parent_end)
-            p.start()
-            child_end.close()
+        # A terminal's Ctrl-C reaches the whole process group: a child still starting up
+        # (before bench_worker.main ignores SIGINT) would print a KeyboardInterrupt traceback.
+        # An ignored signal stays ignored across exec and Python keeps it so, so children
+        # start with SIGINT ignored; the parent ignores it only for these few spawn calls.
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for i in range(n):
+                parent_end, child_end = ctx.Pipe()
+                p = ctx.Process(target=bench_worker.main, name=f"sievekv-bench-{i}",
+                                daemon=True, args=(i, spec, child_end, self.counters, self.stop))
+                self.procs.append(p)
+                self.conns.append(parent_end)
+                p.start()
+                child_end.close()
+        finally:
+            signal.signal(signal.SIGINT, old)
 
-    def receive(self, deadline: float) -> dict[int, tuple]:
-        """One message from each child (index -> message) until ``deadline``; a child that
-        exits without one gives ``("exited", exitcode)``; one that does not answer in time is
-        absent from the result."""
-        out: dict[int, tuple] = {}
+    def receive(self, deadline: float, out: dict[int, tuple] | None = None) -> dict[int, tuple]:
+        """One message from each child (index -> message) until ``deadline``, added to ``out``
+        (a dict the caller keeps, so what arrived survives a Ctrl-C during the wait; children
+        already in it are not waited for again). A child that exits without a message gives
+        ``("exited", exitcode)``; one that does not answer in time is absent."""
+        if out is None:
+            out = {}
         index = {id(c): i for i, c in enumerate(self.conns)}
-        pending = list(self.conns)
+        pending = [c for i, c in enumerate(self.conns) if i not in out]
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -258,13 +269,14 @@ def _run(args, children: _Children, setup: dict, progress: StatusLine) -> tuple[
 
     children.tick = tick
     interrupted = False
+    messages: dict[int, tuple] = {}
     try:
-        messages = children.receive(deadline + args.timeout + STOP_GRACE)
-    except KeyboardInterrupt:
+        children.receive(deadline + args.timeout + STOP_GRACE, messages)
+    except KeyboardInterrupt:  # results already received stay in messages
         interrupted = True
         children.stop.value = 1
         children.tick = lambda: None
-        messages = children.receive(time.monotonic() + args.timeout + STOP_GRACE)
+        children.receive(time.monotonic() + args.timeout + STOP_GRACE, messages)
     progress.end_line()
     results = []
     for i in range(args.clients):
