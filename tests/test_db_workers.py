@@ -109,3 +109,27 @@ def test_close_cancels_a_long_compaction_in_a_worker(tmp_path):
         live = db._version.live_numbers()
         tables = [n for k, n, _ in list_files(default_fs(), str(path)) if k is FileKind.TABLE]
         assert set(tables) == live  # no half-written output left behind
+
+
+def test_worker_that_runs_out_of_numbers_leaves_no_table_behind(tmp_path, monkeypatch):
+    """A compaction job in a worker gets its output numbers reserved up front; one that needs
+    more runs again in the DB's thread. The tables it wrote before running out must go (they
+    are in no version): write_tables removes what it created when it fails."""
+    from engine import background
+
+    monkeypatch.setattr(background, "max_outputs", lambda job: 1)  # far too few numbers
+    opts = dict(memtable_bytes=32 * 1024, target_file_size=8 * 1024, block_size=1024,
+                disable_auto_compactions=True)
+    with DB.open(tmp_path / "db", **opts) as db:
+        for r in range(3):
+            for i in range(1500):
+                db.put(b"%06d" % i, b"round%d-%d" % (r, i))
+            db.flush()
+        db.compact()  # several output tables: the worker runs out after one
+        stats = db.stats()
+        assert stats["table_workers"]["fallbacks_to_threads"] >= 1, stats["table_workers"]
+        live = {f.number for files in db._version.levels for f in files}
+        on_disk = {n for kind, n, _ in list_files(default_fs(), str(tmp_path / "db"))
+                   if kind is FileKind.TABLE}
+        assert on_disk == live
+        assert db.get(b"000042") == b"round2-42"
