@@ -69,7 +69,9 @@ def test_json_has_the_documented_fields(cluster):
     doc = bench_json(cluster, "--op", "mixed", "--keys", "300", "--sync")
     assert set(doc) == {"op", "clients", "seconds", "keys", "value_size", "batch", "sync",
                         "preload", "router", "elapsed", "interrupted", "ops", "total",
-                        "per_client", "client_ops_per_s_min", "client_ops_per_s_max"}
+                        "per_client", "client_ops_per_s_min", "client_ops_per_s_max",
+                        "lost_clients"}
+    assert doc["lost_clients"] == []
     assert doc["op"] == "mixed" and doc["clients"] == 2 and doc["sync"] is True
     assert doc["interrupted"] is False and doc["elapsed"] > 0
     assert set(doc["ops"]) <= {"get", "put"} and "get" in doc["ops"]
@@ -159,6 +161,37 @@ def test_clients_exit_when_the_bench_command_is_killed(cluster):
         cli.wait(30)
         _, alive = psutil.wait_procs(clients, timeout=30)
         assert alive == [], [p.pid for p in alive]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(30)
+        for p in _tagged(tag):
+            p.kill()
+
+
+def test_a_client_killed_mid_run_gives_the_others_numbers_and_exit_4(cluster):
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=ROOT, SIEVEKV_BENCH_TEST_TAG=tag)
+    env.pop("SIEVEKV_CONFIG", None)
+    cli = subprocess.Popen([sys.executable, "-m", "router.cli", "bench", "--config",
+                            cluster["conf"], "--seconds", "4", "--clients", "2", "--quiet",
+                            "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        clients = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(clients) < 2:
+            clients = [p for p in _tagged(tag) if "multiprocessing.spawn" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert len(clients) == 2, "the clients never started"
+        time.sleep(2.0)  # inside the run
+        clients[0].kill()
+        out, err = cli.communicate(timeout=120)
+        assert cli.returncode == 4, (cli.returncode, err)
+        assert err.count("\n") == 1 and "1 of 2 clients gave no result" in err, err
+        doc = json.loads(out)
+        assert len(doc["per_client"]) == 1 and doc["total"]["calls"] > 0
+        assert len(doc["lost_clients"]) == 1
     finally:
         if cli.poll() is None:
             cli.kill()

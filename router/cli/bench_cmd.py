@@ -32,7 +32,7 @@ import grpc
 from ..humanize import format_bytes, format_count
 from . import bench_worker, target
 from .bench_report import render, summarize
-from .exit_codes import ERROR, INTERRUPTED, OK, USAGE, CliError, code_for_grpc
+from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, USAGE, CliError, code_for_grpc
 from .progress import StatusLine
 from .sizes import cluster_limits, mutation_bytes
 
@@ -230,6 +230,10 @@ def cmd_bench(args) -> int:
         print("sievekv: bench interrupted: the numbers above are what was measured so far",
               file=sys.stderr, flush=True)
         return INTERRUPTED
+    if doc["lost_clients"]:
+        raise CliError(f"bench: {len(doc['lost_clients'])} of {args.clients} clients gave no "
+                       f"result ({'; '.join(doc['lost_clients'])}); the numbers above are the "
+                       f"others'", PARTIAL)
     error = all_failed(doc)
     if error is not None:
         raise error
@@ -278,11 +282,15 @@ def _run(args, children: _Children, setup: dict, progress: StatusLine) -> tuple[
         children.tick = lambda: None
         children.receive(time.monotonic() + args.timeout + STOP_GRACE, messages)
     progress.end_line()
-    results = []
+    results, lost = [], []
     for i in range(args.clients):
         msg = messages.get(i)
         if msg is None or msg[0] != "result":
-            what = "no answer" if msg is None else f"exit code {msg[1]}"
-            raise CliError(f"bench client {i} gave no result ({what})", ERROR)
-        results.append(msg[1])
-    return summarize(setup, results, start_at, interrupted), interrupted
+            lost.append(f"client {i}: " + ("no answer" if msg is None else f"exit code {msg[1]}"))
+        else:
+            results.append(msg[1])
+    if not results:
+        raise CliError(f"bench: no client gave a result ({'; '.join(lost)})", ERROR)
+    doc = summarize(setup, results, start_at, interrupted)
+    doc["lost_clients"] = lost
+    return doc, interrupted
