@@ -3,6 +3,7 @@ start_cluster's finalizer, even when a test fails) with real client processes. S
 (--seconds 0.5, small key spaces) and no assertion on speed: only on what was counted.
 The summing and the exit on a run where every call failed are checked on result documents."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -140,43 +141,17 @@ def test_no_cluster_exits_3_with_one_line_and_no_child_left(tmp_path):
     assert clients == [] and alive == [], [p.cmdline() for p in left]
 
 
-def test_clients_exit_when_the_bench_command_is_killed(cluster):
-    """SIGKILL of the CLI mid-run (no chance to stop its clients): each client notices its
-    parent is gone and exits, instead of calling on to a deadline a minute away."""
+@contextlib.contextmanager
+def _bench_running(cluster, *argv):
+    """Start `sievekv bench --config ... --clients 2 --quiet ARGV` tagged, wait until its two
+    client processes run and are past their common start, yield (cli Popen, clients); on the
+    way out kill whatever of it is left."""
     tag = uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=ROOT, SIEVEKV_BENCH_TEST_TAG=tag)
     env.pop("SIEVEKV_CONFIG", None)
     cli = subprocess.Popen([sys.executable, "-m", "router.cli", "bench", "--config",
-                            cluster["conf"], "--seconds", "60", "--clients", "2", "--quiet"],
-                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    clients = []
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(clients) < 2:
-            clients = [p for p in _tagged(tag) if "multiprocessing.spawn" in " ".join(p.cmdline())]
-            time.sleep(0.2)
-        assert len(clients) == 2, "the clients never started"
-        time.sleep(2.0)  # past their warm-up call and the common start: inside the run
-        cli.kill()
-        cli.wait(30)
-        _, alive = psutil.wait_procs(clients, timeout=30)
-        assert alive == [], [p.pid for p in alive]
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(30)
-        for p in _tagged(tag):
-            p.kill()
-
-
-def test_a_client_killed_mid_run_gives_the_others_numbers_and_exit_4(cluster):
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, PYTHONPATH=ROOT, SIEVEKV_BENCH_TEST_TAG=tag)
-    env.pop("SIEVEKV_CONFIG", None)
-    cli = subprocess.Popen([sys.executable, "-m", "router.cli", "bench", "--config",
-                            cluster["conf"], "--seconds", "4", "--clients", "2", "--quiet",
-                            "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                            cluster["conf"], "--clients", "2", "--quiet", *argv], cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         clients = []
         deadline = time.monotonic() + 60
@@ -184,7 +159,28 @@ def test_a_client_killed_mid_run_gives_the_others_numbers_and_exit_4(cluster):
             clients = [p for p in _tagged(tag) if "multiprocessing.spawn" in " ".join(p.cmdline())]
             time.sleep(0.2)
         assert len(clients) == 2, "the clients never started"
-        time.sleep(2.0)  # inside the run
+        time.sleep(2.0)  # past their warm-up call and the common start: inside the run
+        yield cli, clients
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate(timeout=30)
+        for p in _tagged(tag):
+            p.kill()
+
+
+def test_clients_exit_when_the_bench_command_is_killed(cluster):
+    """SIGKILL of the CLI mid-run (no chance to stop its clients): each client notices its
+    parent is gone and exits, instead of calling on to a deadline a minute away."""
+    with _bench_running(cluster, "--seconds", "60") as (cli, clients):
+        cli.kill()
+        cli.communicate(timeout=30)
+        _, alive = psutil.wait_procs(clients, timeout=30)
+        assert alive == [], [p.pid for p in alive]
+
+
+def test_a_client_killed_mid_run_gives_the_others_numbers_and_exit_4(cluster):
+    with _bench_running(cluster, "--seconds", "4", "--json") as (cli, clients):
         clients[0].kill()
         out, err = cli.communicate(timeout=120)
         assert cli.returncode == 4, (cli.returncode, err)
@@ -192,12 +188,6 @@ def test_a_client_killed_mid_run_gives_the_others_numbers_and_exit_4(cluster):
         doc = json.loads(out)
         assert len(doc["per_client"]) == 1 and doc["total"]["calls"] > 0
         assert len(doc["lost_clients"]) == 1
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(30)
-        for p in _tagged(tag):
-            p.kill()
 
 
 def test_no_state_file_exits_3(tmp_path):
