@@ -82,7 +82,9 @@ class _Children:
         # A terminal's Ctrl-C reaches the whole process group: a child still starting up
         # (before bench_worker.main ignores SIGINT) would print a KeyboardInterrupt traceback.
         # An ignored signal stays ignored across exec and Python keeps it so, so children
-        # start with SIGINT ignored; the parent ignores it only for these few spawn calls.
+        # start with SIGINT ignored. (Blocking it instead does not survive multiprocessing's
+        # spawn: the children got it.) The cost: a Ctrl-C that lands in this process during
+        # these few spawn calls is lost, and the bench goes on; the next one stops it.
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for i in range(n):
@@ -207,7 +209,10 @@ def cmd_bench(args) -> int:
              "value_size": args.value_size, "batch": args.batch, "sync": args.sync,
              "preload": args.preload, "router": address}
     progress = StatusLine(args.quiet)
-    children = _Children(args.clients, spec)
+    try:
+        children = _Children(args.clients, spec)  # ends what it started if interrupted
+    except KeyboardInterrupt:
+        raise CliError("bench interrupted before the run started", INTERRUPTED) from None
     try:
         try:
             ready = children.receive(time.monotonic() + STARTUP_WAIT + timeout)
