@@ -35,7 +35,7 @@ from engine.faultfs import FaultInjectionFS, InjectedCrash
 from engine.filenames import FileKind, list_files
 from engine.vfs import FileSystem
 
-from .test_db_durability import matches_a_prefix
+from .test_db_durability import _abandon, matches_a_prefix  # dropped without a clean close
 
 
 class _ReviewFS(FaultInjectionFS):
@@ -99,16 +99,6 @@ class _ReviewFS(FaultInjectionFS):
                 with open(path, "r+b") as f:
                     f.seek(start)
                     f.write(b"\0" * (min(end, st.st_size) - start))
-
-
-def _abandon(db, fs) -> None:
-    """The DB object is dropped without a clean close (no final log sync); then the process
-    dies (``fs.kill()``) or the caller simulates a power loss."""
-    fs.crash_after(1)
-    try:
-        db.close()
-    except (InjectedCrash, StorageIOError):
-        pass
 
 
 def _logs(path: str) -> list[int]:
