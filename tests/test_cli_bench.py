@@ -251,3 +251,13 @@ def test_every_call_failed_names_the_status_and_exits_by_it():
     assert err.code == 1 and "DATA_LOSS: crc" in str(err)
     assert "-" in render(summarize(SETUP, [a], 100.0, False))  # no latency: dashes
 
+
+
+def test_reads_that_found_nothing_point_at_preload():
+    a = _child({"get": _op([0.001] * 4, found=0)}, end=101.0)
+    text = render(summarize(SETUP, [a], 100.0, False))
+    assert "--preload writes them first" in text
+    preloaded = render(summarize(dict(SETUP, preload=True), [a], 100.0, False))
+    assert "--preload" not in preloaded  # preloaded and still absent: not a hint to give
+    b = _child({"get": _op([0.001] * 4, found=1)}, end=101.0)
+    assert "--preload" not in render(summarize(SETUP, [b], 100.0, False))

@@ -118,6 +118,9 @@ def render(doc: dict) -> str:
         t = doc["total"]
         lines.append(f"total: {format_count(t['calls'])} calls, "
                      f"{format_count(round(t['ops_per_s']))} ops/s, errors {_errors(t['errors'])}")
+    if not doc.get("preload") and any(o["found_ratio"] == 0 for o in doc["ops"].values()):
+        lines.append("no read found its key: the bench:%010d keys are not in the cluster; "
+                     "--preload writes them first")
     if doc["per_client"]:
         lines.append(f"per client ops/s: min {format_count(round(doc['client_ops_per_s_min']))}"
                      f", max {format_count(round(doc['client_ops_per_s_max']))}")
