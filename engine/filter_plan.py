@@ -24,10 +24,10 @@ from __future__ import annotations
 import functools
 
 from .filter_budget import Allocation, allocate
+from .format import NUM_LEVELS
 from .sstable import TableOptions
 
 MIN_BITS_PER_KEY = 1.0
-NUM_LEVELS = 7
 
 
 @functools.lru_cache(maxsize=4096)

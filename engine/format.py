@@ -26,10 +26,10 @@ TABLE_MAGIC = 0x5349455645545331  # b"SIEVETS1" read as a big-endian u64; "SSTab
 # u32 format version, u32 masked CRC32C of the 36 bytes before it, u64 magic ("Footer").
 TABLE_FOOTER = struct.Struct("<QIQIQIIQ")
 TABLE_FOOTER_SIZE = TABLE_FOOTER.size  # 48
-# Block trailer: u8 block type, u32 masked CRC32C of contents + type byte ("Block trailer").
+# Block trailer: u8 block type, u32 masked CRC32C of contents + type byte ("Blocks").
 BLOCK_TRAILER = struct.Struct("<BI")
 BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size  # 5
-BLOCK_TYPE_DATA = 1  # "Block trailer": the type byte names what the handle must point at
+BLOCK_TYPE_DATA = 1  # "Blocks": the type byte names what the handle must point at
 # Data block hash index ("Data block hash index", format version 2): bit 31 of a block's last
 # u32 says the block ends with a hash index: slot u8 x B, then B as u16, before that u32.
 BLOCK_HASH_FLAG = 1 << 31
@@ -46,7 +46,7 @@ MAX_SEQUENCE = (1 << 56) - 1
 # The filter region starts at a multiple of this; every partition starts on one and occupies a
 # whole number of them ("Filter partitions", "Placement").
 FILTER_PAGE_SIZE = 4096
-# Metaindex names ("SSTable", "Metaindex").
+# Metaindex names ("SSTable", "Metaindex block").
 META_PROPERTIES = b"sievekv.properties"
 META_FILTER_INDEX = b"sievekv.filter_index"
 
@@ -75,7 +75,7 @@ EDIT_TAG_COMPACT_POINTER = 5  # varint level, string key
 EDIT_TAG_DELETED_FILE = 6  # varint level, varint number
 EDIT_TAG_NEW_FILE = 7  # varint level, then the FileMeta fields listed in "Version edit"
 EDIT_FLOAT = struct.Struct("<d")  # filter_bits_per_key in a NEW_FILE entry
-DEFAULT_MAX_MANIFEST_BYTES = 4 << 20  # rotate to a new manifest past this size ("Rotation")
+DEFAULT_MAX_MANIFEST_BYTES = 4 << 20  # rotate to a new manifest past this size ("Recovery and rotation")
 
 # ---------------------------------------------------------------------------------------------
 # Filter encodings (docs/format.md, "Filter partitions" / "Filter encodings"). Changing any of

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import InvalidArgumentError
-
-NUM_LEVELS = 7
-"""Levels L0..L6, as in LevelDB and RocksDB (engine.version uses the same number)."""
+from .format import NUM_LEVELS  # levels L0..L6, as in LevelDB and RocksDB
 
 MiB = 1 << 20
 

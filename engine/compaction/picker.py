@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-NUM_LEVELS = 7
+from ..format import NUM_LEVELS
 
 
 @dataclass(frozen=True)

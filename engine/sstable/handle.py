@@ -1,4 +1,4 @@
-"""Block handles and block trailers (docs/format.md, "SSTable", "Block handles", "Block trailer").
+"""Block handles and block trailers (docs/format.md, "SSTable": "Grammar", "Blocks").
 
 A handle locates a block's contents: ``varint64 offset, varint64 size``; the size excludes the
 5-byte trailer that follows the contents. The trailer is ``u8 block type`` then ``u32 masked

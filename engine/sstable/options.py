@@ -28,7 +28,7 @@ class TableOptions:
     partition while their keys fit it at ``bits_per_key``, then the partition is built to fill
     its pages exactly.
     ``blocks_per_partition``: if set, a fixed number of data blocks per partition instead
-    (partitions then take as many pages as their keys need).
+    (partitions then take as many pages as their keys need, at least ``partition_bytes``).
     """
 
     block_size: int = 4096

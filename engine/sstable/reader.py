@@ -158,6 +158,19 @@ class Table:
             self._cache = None
         self._filter: PartitionedFilter | None = None
         fi = handles.get(META_FILTER_INDEX)
+        # Invariant 4 (docs/format.md, "Invariants"): the meta blocks fill the tail in grammar
+        # order, [filter index] index properties metaindex, with no gap and nothing after.
+        pos = start
+        for handle in (fi, footer.index, handles[META_PROPERTIES], footer.metaindex):
+            if handle is None:
+                continue
+            if handle.offset != pos:
+                raise CorruptionError("metadata tail: a meta block is not where the one before "
+                                      "it ends", path=path, offset=handle.offset)
+            pos = handle.offset + handle.size + BLOCK_TRAILER_SIZE
+        if pos != size - TABLE_FOOTER_SIZE:
+            raise CorruptionError("metadata tail: bytes between the metaindex and the footer",
+                                  path=path, offset=pos)
         region_offset = round_up_pages(props.data_bytes)
         if fi is None:
             if start != props.data_bytes:
@@ -171,6 +184,11 @@ class Table:
                 file, meta_block(fi, BLOCK_TYPE_FILTER_INDEX), region_offset,
                 props.filter_bytes, _filter_decoder(props.filter_policy, props.filter_params),
                 n, owner=self, residency=residency)
+        # Invariant 7: the properties' partition count agrees with the filter index.
+        if (self._filter.num_partitions if self._filter is not None else 0) \
+                != props.num_filter_partitions:
+            raise CorruptionError("filter index disagrees with the properties", path=path,
+                                  offset=fi.offset if fi is not None else start)
 
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..checksum import MASK_DELTA as _MASK_DELTA
 from ..errors import CorruptionError
 from ..format import LOG_HEADER, LOG_HEADER_SIZE, LOG_RECORD_FULL
 from .record import _extend, _pack_prefix, _value, record_crc
 
 _unpack_header = LOG_HEADER.unpack_from
-_MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 _SCAN_CHUNK = 1 << 16
 

@@ -6,13 +6,13 @@ a crash leaves at most one torn record, at the tail.
 
 from __future__ import annotations
 
+from ..checksum import MASK_DELTA as _MASK_DELTA
 from ..errors import InvalidArgumentError, StorageIOError
 from ..format import LOG_HEADER, LOG_MAX_PAYLOAD, LOG_RECORD_FULL
 from ..vfs import WritableFile
 from .record import _extend, _pack_prefix, _value
 
 _pack_header = LOG_HEADER.pack
-_MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 
 
