@@ -104,11 +104,9 @@ def stats(db) -> dict:
                              else int(db.options.max_bytes_for_level(n))),
         })
     c = db.counters
-    blocks = sum(getattr(t, "data_blocks_read", 0) for _, _, t in _live_tables(rs))
-    blocks += db._tables.retired["data_blocks_read"]
+    blocks = db._tables.counter_total("data_blocks_read")
+    map_failures = db._tables.counter_total("map_failures")
     live = [t for _, _, t in _live_tables(rs)]
-    map_failures = sum(getattr(t, "map_failures", 0) for t in live)
-    map_failures += db._tables.retired["map_failures"]
     cache = db.block_cache
     gets = db.gets
     return {

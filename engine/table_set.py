@@ -114,13 +114,23 @@ class TableSet:
                 refs.pop(n, None)
                 t = self._tables.pop(n, None)
                 if t is not None:
+                    self._retire_locked(t)
                     to_close.append(t)
         for t in to_close:
             self._close_table(t)
 
-    def _close_table(self, t) -> None:
+    def _retire_locked(self, t) -> None:
+        """Add a table's counters to ``retired`` as it leaves ``_tables`` (under the lock, so
+        :meth:`counter_total` counts every table exactly once)."""
         for k in _RETIRED_KEYS:
             self.retired[k] += getattr(t, k, 0)
+
+    def counter_total(self, key: str) -> int:
+        """``key`` (one of ``_RETIRED_KEYS``) summed over the open tables and those closed."""
+        with self._lock:
+            return self.retired[key] + sum(getattr(t, key, 0) for t in self._tables.values())
+
+    def _close_table(self, t) -> None:
         forget = getattr(self._residency, "forget_table", None)
         if forget is not None:
             forget(t)
@@ -136,6 +146,8 @@ class TableSet:
         with self._lock:
             self._closed = True
             tables = list(self._tables.values())
+            for t in tables:
+                self._retire_locked(t)
             self._tables.clear()
             self._refs.clear()
         for t in tables:

@@ -24,7 +24,11 @@ from .sstable import TableBuilder, TableOptions
 from .version_edit import FileMeta
 
 SIZE_CHECK_EVERY = 32
-"""Entries between two checks of the builder's size estimate (the estimate is not free)."""
+"""Entries between two checks of the builder's size estimate (the estimate is not free)..."""
+
+SIZE_CHECK_FRACTION = 32
+"""...or sooner, once the entries added since the last check hold 1/32 of the target file size
+(large values: an output then overshoots its target by about one entry, not 31)."""
 
 
 class Cancelled(Exception):
@@ -116,7 +120,8 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
         outputs.append(meta_from_properties(state["number"], b.file_size, props))
 
     try:
-        since_check = 0
+        since_check = since_bytes = 0
+        check_bytes = (target_file_size // SIZE_CHECK_FRACTION) if target_file_size else 0
         for batch in batches:
             if should_stop is not None and should_stop():
                 raise Cancelled()
@@ -139,8 +144,10 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
                     b = state["builder"]
                 b.add(key, seq, kind, value)
                 since_check += 1
-                if target_file_size is not None and since_check >= SIZE_CHECK_EVERY:
-                    since_check = 0
+                since_bytes += len(key) + len(value)
+                if target_file_size is not None and (since_check >= SIZE_CHECK_EVERY
+                                                     or since_bytes >= check_bytes):
+                    since_check = since_bytes = 0
                     if b.estimated_file_size() >= target_file_size:
                         finish_current()
         if state["builder"] is not None:

@@ -43,11 +43,6 @@ def _all_files(db):
 # ---------------------------------------------------------------------------------------------
 # stats(): data blocks read per get
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "stats()['data_blocks_read_per_get'] divides every data block any reader touched by the "
-    "number of gets: Table._data_block (scans, and compactions run in the DB's threads) "
-    "increments the same data_blocks_read counter as Table.get, so one get after a full scan "
-    "reports hundreds of blocks per get (engine/sstable/reader.py:304, engine/reports.py:107)"))
 def test_data_blocks_read_per_get_counts_only_blocks_read_by_gets(tmp_path):
     opts = dict(table_workers=0, disable_auto_compactions=True, memtable_bytes=1 << 20,
                 block_size=256)
@@ -213,10 +208,6 @@ def test_filter_memory_budget_counts_filters_that_tables_already_hold(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # compaction output size
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "write_tables checks the output size only every SIZE_CHECK_EVERY=32 entries "
-    "(engine/table_writer.py), so with large values an output table overshoots "
-    "target_file_size by up to 31 values: 256 KiB target, 32 KiB values -> ~1 MiB tables"))
 def test_compaction_outputs_stay_near_target_file_size_with_large_values(tmp_path):
     target = 256 * 1024
     value = 32 * 1024

@@ -100,8 +100,9 @@ class Table:
         # Blocks of tables opened without a file number must not collide in a shared cache.
         self._cache_id = file_number if file_number else -next(_anonymous_ids)
         self._closed = False
-        self.data_blocks_read = 0  # data blocks consulted (cache hits included)
-        self.data_block_file_reads = 0  # of those, read from the file
+        self.data_blocks_read = 0  # data blocks consulted by get (cache hits included)
+        self.scan_blocks_read = 0  # data blocks consulted by iterate (scans, compactions)
+        self.data_block_file_reads = 0  # blocks read from the file (get and iterate)
         if size < TABLE_FOOTER_SIZE:
             raise CorruptionError(f"file of {size} bytes is too short for a table", path=path,
                                   offset=0)
@@ -319,7 +320,7 @@ class Table:
     def _data_block(self, i: int, fill_cache: bool = True) -> Block:
         """Data block ``i`` as a :class:`Block` (for scans), through the block cache
         (``fill_cache=False``: a block read from the file is not inserted)."""
-        self.data_blocks_read += 1
+        self.scan_blocks_read += 1
         cache = self._scan_cache
         offset = self._offsets[i]
         if cache is not None:
