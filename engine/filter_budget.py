@@ -30,9 +30,19 @@ get a filter (p_i < 1):
     sum_{i in F} n_i * (-ln c - ln n_i) = M ln(2)^2
     ln c = -(M ln(2)^2 + sum_{i in F} n_i ln n_i) / sum_{i in F} n_i
 
-Runs for which c * n_i >= 1 would get a useless filter (p = 1, zero bits): they are removed from
-F (largest first) and c is solved again, until every remaining run has c * n_i < 1. The bits per
-key of run i are then ``-ln(p_i) / ln(2)^2 = -ln(c n_i) / ln(2)^2``.
+The bits per key of run i are then ``-ln(p_i) / ln(2)^2 = -ln(c n_i) / ln(2)^2``. Two bounds
+make it iterative (each step moves runs out of F and solves c again; it stops when nothing moves,
+after at most k steps):
+
+- A run whose bits come out under ``min_bits`` (default MIN_BITS_PER_KEY = 1: the table builder
+  builds no filter that weak, it would cost a probe and save almost nothing) gets no filter: the
+  largest run (it has the fewest bits) leaves F and its memory goes to the others, as Monkey
+  does for runs with c * n_i >= 1 (p = 1, zero bits). Otherwise that run's share would be spent
+  on a filter that is never built while the smaller runs were held to fewer bits.
+- Then a run whose bits come out over MAX_BITS_PER_KEY (tiny runs) gets exactly the cap, and the
+  memory it leaves goes to the others (M shrinks by the capped runs' bits).
+
+Dropping the weak run first keeps the solve feasible (the capped runs' bits always fit in M).
 
 The uniform alternative spends the same M as M / N bits per key everywhere (N = sum n_i), giving
 R_uniform = k * fpr(M / N) for k runs. :func:`allocate` returns both so the report can show the
@@ -50,6 +60,8 @@ from typing import Callable, Sequence
 LN2_SQ = math.log(2) ** 2
 MAX_BITS_PER_KEY = 40.0
 """Cap on bits per key for tiny runs (the optimum goes to infinity as n -> 0)."""
+MIN_BITS_PER_KEY = 1.0
+"""Below this a run gets no filter (engine/filter_plan.py builds none that weak)."""
 
 
 def classic_fpr(bits_per_key: float) -> float:
@@ -90,13 +102,15 @@ class Allocation:
         }
 
 
-def allocate(run_entries: Sequence[int], budget_bytes: int,
-             fpr_fn: Callable[[float], float] = classic_fpr) -> Allocation:
+def allocate(run_entries: Sequence[int], budget_bytes: float,
+             fpr_fn: Callable[[float], float] = classic_fpr,
+             min_bits: float = MIN_BITS_PER_KEY) -> Allocation:
     """Optimal bits per key for runs of ``run_entries`` entries sharing ``budget_bytes``.
 
-    Returns bits per key per run (same order), each run's expected FPR under ``fpr_fn``, their
-    sum (expected wasted table reads per missing-key lookup), and the same for uniform bits.
-    O(k^2) for k runs (k is small: the L0 tables plus six levels).
+    Returns bits per key per run (same order; each 0 or in [min_bits, MAX_BITS_PER_KEY]), each
+    run's expected FPR under ``fpr_fn``, their sum (expected wasted table reads per missing-key
+    lookup), and the same for uniform bits. O(k^2) for k runs (k is small: the L0 tables plus
+    six levels).
     """
     n = [max(0, int(x)) for x in run_entries]
     m_bits = max(0.0, float(budget_bytes) * 8.0)
@@ -107,18 +121,29 @@ def allocate(run_entries: Sequence[int], budget_bytes: int,
         fpr = tuple(1.0 if x else 0.0 for x in n)
         return Allocation(tuple(bits), fpr, float(sum(fpr)), 0.0, float(sum(fpr)), m_bits, 0.0)
     active = [i for i in range(k) if n[i] > 0]
+    capped: list[int] = []
     while active:
+        m_free = m_bits - MAX_BITS_PER_KEY * sum(n[i] for i in capped)
         s = sum(n[i] for i in active)
         s_log = sum(n[i] * math.log(n[i]) for i in active)
-        ln_c = -(m_bits * LN2_SQ + s_log) / s
-        # Runs whose optimal FPR would reach 1 get no filter; drop the largest and solve again.
-        worst = max(active, key=lambda i: n[i])
-        if ln_c + math.log(n[worst]) >= 0.0:
+        ln_c = -(m_free * LN2_SQ + s_log) / s
+        want = {i: -(ln_c + math.log(n[i])) / LN2_SQ for i in active}
+        worst = max(active, key=lambda i: n[i])  # the largest run has the fewest bits
+        if want[worst] < max(min_bits, 0.0):  # too weak to build (or p >= 1): no filter
             active.remove(worst)
             continue
+        # Every active run now has positive bits summing to m_free, so the capped runs' bits
+        # fit in it: m_free stays positive.
+        over = [i for i in active if want[i] > MAX_BITS_PER_KEY]
+        if over:  # tiny runs: held at the cap, the rest of the memory goes to the others
+            capped.extend(over)
+            active = [i for i in active if i not in over]
+            continue
         for i in active:
-            bits[i] = min(MAX_BITS_PER_KEY, -(ln_c + math.log(n[i])) / LN2_SQ)
+            bits[i] = want[i]
         break
+    for i in capped:
+        bits[i] = MAX_BITS_PER_KEY
     used = sum(bits[i] * n[i] for i in range(k))
     fpr = tuple((fpr_fn(bits[i]) if n[i] else 0.0) for i in range(k))
     uniform = min(MAX_BITS_PER_KEY, m_bits / total)
