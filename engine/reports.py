@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .filter_budget import expected_reads_per_miss
 from .filter_plan import current_allocation, fpr_function
 
 
@@ -198,21 +197,26 @@ def filter_report(db) -> dict:
         levels.append({"level": level, "totals": _total(rows), "tables": rows})
     all_rows = [r for rows in per_level.values() for r in rows]
     alloc, ids, runs = current_allocation(opts, rs.version.levels)
-    actual_bits = _actual_run_bits(rs.version.levels, ids)
+    actual = _actual_runs(rs.version.levels, ids, fpr_of)
+    held = sum(f.filter_bytes for files in rs.version.levels for f in files)
+    budget_bytes = opts.filter_memory_budget
     budget = {
-        "enabled": opts.filter_memory_budget is not None,
-        "budget_bytes": opts.filter_memory_budget,
+        "enabled": budget_bytes is not None,
+        "budget_bytes": budget_bytes,
+        "filter_bytes": held,
+        "within_budget": None if budget_bytes is None else held <= budget_bytes,
         "runs": [{"level": lv, "l0_index": i if lv == 0 else None, "entries": n,
                   "optimal_bits_per_key": round(b, 3), "optimal_fpr": p,
-                  "actual_bits_per_key": round(a, 3)}
+                  "actual_bits_per_key": round(a["bits_per_key"], 3),
+                  "actual_fpr": a["fpr"], "filter_bytes": a["filter_bytes"],
+                  "tables_without_filter": a["tables_without_filter"]}
                  for (lv, i), n, b, p, a in zip(ids, runs, alloc.bits_per_key, alloc.fpr,
-                                                actual_bits)],
+                                                actual)],
         "expected_reads_per_miss_optimal": alloc.expected_reads_per_miss,
         "expected_reads_per_miss_uniform": alloc.uniform_expected_reads_per_miss,
         "uniform_bits_per_key": alloc.uniform_bits_per_key,
-        "expected_reads_per_miss_actual": expected_reads_per_miss(runs, actual_bits, fpr_of),
-        "note": ("allocation for the DB's current runs; with no budget configured it is computed "
-                 "for the filter bytes the tables hold now"),
+        "expected_reads_per_miss_actual": float(sum(a["fpr"] for a in actual)),
+        "note": _BUDGET_NOTE if budget_bytes is not None else _NO_BUDGET_NOTE,
     }
     cap = db.filter_cap.report()
     cap["measured_resident_bytes"] = sum((r.get("resident_bytes") or 0) for r in all_rows)
@@ -225,13 +229,35 @@ def filter_report(db) -> dict:
     }
 
 
-def _actual_run_bits(levels, ids) -> list[float]:
-    """Bits per key the tables of each run were built with (entry-weighted per level)."""
+_NO_BUDGET_NOTE = ("allocation for the DB's current runs; with no budget configured it is "
+                   "computed for the memory the tables were built for (their bits per key x "
+                   "keys)")
+_BUDGET_NOTE = (
+    "allocation for the DB's current runs. filter_bytes counts whole filter pages (4 KiB "
+    "each, the smallest filter a table can have). A new table gets its run's Monkey bits, "
+    "planned with room for the L0 tables to come (up to l0_compaction_trigger), but only from "
+    "what the other tables leave of the budget: it gets fewer bits when its page-rounded filter "
+    "does not fit there, and no filter when one page per table does not (see "
+    "tables_without_filter). Tables keep their filters until a compaction rewrites them, so "
+    "actual bits lag the optimum")
+
+
+def _actual_runs(levels, ids, fpr_of) -> list[dict]:
+    """Per run: the entry-weighted bits per key its tables were built with, its expected FPR
+    (the entry-weighted mean of its tables' FPRs: a miss probes the one table whose range holds
+    the key, a table without a filter counts 1), filter bytes, and tables without a filter."""
     out = []
     for level, i in ids:
         files = [levels[0][i]] if level == 0 else list(levels[level])
         n = sum(f.num_entries for f in files)
-        out.append(sum(f.filter_bits_per_key * f.num_entries for f in files) / n if n else 0.0)
+        bits = fpr = 0.0
+        if n:
+            bits = sum(f.filter_bits_per_key * f.num_entries for f in files) / n
+            fpr = sum(fpr_of(f.filter_bits_per_key) * f.num_entries for f in files) / n
+        out.append({"bits_per_key": bits, "fpr": fpr,
+                    "filter_bytes": sum(f.filter_bytes for f in files),
+                    "tables_without_filter": sum(1 for f in files
+                                                 if f.filter_bits_per_key <= 0)})
     return out
 
 
