@@ -19,8 +19,11 @@ probes, negatives, positives, true positives, errors) plus:
   "may match" answers that were wrong);
 - totals per level and for the DB;
 - ``budget``: Monkey's allocation for the current shape of the DB beside uniform bits per key
-  at the same memory, as expected wasted table reads per missing-key lookup, and the same
-  figure for the bits the tables actually have;
+  at the same memory (the budget, or without one the bits per key x keys the tables were built
+  for), as expected wasted table reads per missing-key lookup, and the same figure for the
+  filters the tables actually have (per run the entry-weighted mean of its tables' FPRs, 1 for
+  a table without a filter); the filter bytes held (whole pages) against the budget, and per
+  run its filter bytes and tables without a filter;
 - ``cap``: the resident-filter cap, tracked resident bytes, faults and evictions.
 
 Both take no DB lock beyond reading the current read state; counters are read racily (fine
