@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2
 from shard.status import StatusError
 from sievekv_proto import sievekv_pb2 as pb
 
+from . import trailers
 from .cluster_map import ClusterMap
 from .deadlines import shard_timeout
 from .shards import ShardClient, translate
@@ -87,8 +88,11 @@ class RouterAdmin:
         response = pb.AdminResponse(shards=sections)
         if failed:
             code, details = failed[0]
-            raise StatusError(code, f"{method} failed on {len(failed)} of {len(sections)} shard(s): {details}",
-                              trailers=((ADMIN_RESULT_TRAILER, response.SerializeToString()),))
+            summary = f"{method} failed on {len(failed)} of {len(sections)} shard(s): {details}"
+            report = trailers.fit(response, response.shards, ("error", "address"))
+            if report is None:
+                raise StatusError(code, summary + " (per-shard report too large to send)")
+            raise StatusError(code, summary, trailers=((ADMIN_RESULT_TRAILER, report),))
         return response
 
     def Flush(self, request, context):

@@ -12,7 +12,8 @@ Every method takes ``timeout`` (seconds, the call's whole budget including retri
 ``Client.timeout``). Reads (get, multi_get, scan, stats, filter_report, cluster_info) are
 retried on UNAVAILABLE with exponential backoff (``retries`` times at most, delays
 ``backoff * 2**i`` capped at ``max_backoff``, never past the deadline); a scan that fails
-mid-way resumes after the last key it yielded. Writes are not retried: the caller decides
+mid-way resumes after the last key it yielded; a multi_get whose answer is over the message
+limit (large values) is asked again in halves. Writes are not retried: the caller decides
 (a Put is idempotent, but a Write spanning shards may have applied in part). Errors are
 :mod:`router.client_errors` classes. Thread-safe: one Client may be shared by threads.
 """
@@ -77,6 +78,8 @@ class Client:
     def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 3,
                  backoff: float = 0.05, max_backoff: float = 1.0,
                  max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.address = address
         self.timeout = timeout
         self.retries = retries
@@ -140,15 +143,28 @@ class Client:
 
     def multi_get(self, keys: Iterable[bytes], *, chunk: int = 1000,
                   timeout: float | None = None) -> list[bytes | None]:
-        """Values of ``keys`` in order (None = absent), asked ``chunk`` keys per call."""
+        """Values of ``keys`` in order (None = absent), asked ``chunk`` keys per call. A call
+        whose answer is over the message limit (RESOURCE_EXHAUSTED: large values) is asked
+        again as two halves, down to one key per call."""
         keys = list(keys)
         out: list[bytes | None] = []
         deadline = self._deadline(timeout)
         for i in range(0, len(keys), chunk) if keys else ():
-            r = self._call(self._kv.MultiGet, pb.MultiGetRequest(keys=keys[i:i + chunk]),
-                           max(deadline - time.monotonic(), 0.0), retry=True)
-            out.extend(v if f else None for f, v in zip(r.found, r.values))
+            self._multi_get_part(keys[i:i + chunk], deadline, out)
         return out
+
+    def _multi_get_part(self, keys: list, deadline: float, out: list) -> None:
+        try:
+            r = self._call(self._kv.MultiGet, pb.MultiGetRequest(keys=keys),
+                           max(deadline - time.monotonic(), 0.0), retry=True)
+        except errors.ResourceExhaustedError:
+            if len(keys) == 1:
+                raise
+            half = len(keys) // 2
+            self._multi_get_part(keys[:half], deadline, out)
+            self._multi_get_part(keys[half:], deadline, out)
+            return
+        out.extend(v if f else None for f, v in zip(r.found, r.values))
 
     def write(self, mutations: Iterable[tuple[bytes, bytes | None]], *, sync: bool | None = None,
               timeout: float | None = None) -> list[errors.ShardWrite]:
@@ -164,19 +180,25 @@ class Client:
     def scan(self, start: bytes | None = None, end: bytes | None = None, limit: int | None = None,
              *, timeout: float | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` with start <= key < end in key order, at most ``limit``. Resumes
-        after the last yielded key when the stream fails with UNAVAILABLE (within retries)."""
+        after the last yielded key when the stream fails with UNAVAILABLE (within retries):
+        the resumed scan starts *at* that key (its successor ``key + b"\\x00"`` would be over
+        the key limit after a maximal key) and skips it."""
         deadline = self._deadline(timeout)
         delays = self._delays(deadline)
         left = limit or 0
         start = start or b""
+        last = None  # the last key yielded: a resumed stream starts at it and skips it
         while True:
-            request = pb.ScanRequest(start=start, end=end or b"", limit=left)
+            request = pb.ScanRequest(start=start, end=end or b"",
+                                     limit=left + 1 if left and last is not None else left)
             stream = self._kv.Scan(request, timeout=max(deadline - time.monotonic(), 0.0))
             try:
                 for batch in stream:
                     for key, value in zip(batch.keys, batch.values):
+                        if key == last:
+                            continue
                         yield key, value
-                        start = key + b"\x00"
+                        start = last = key
                         if left:
                             left -= 1
                             if left == 0:

@@ -21,6 +21,7 @@ from sievekv_proto import sievekv_pb2 as pb
 
 from .cluster_map import ClusterMap
 from .deadlines import shard_timeout
+from . import trailers
 from .merge import merged_scan
 from .shards import ShardClient, translate
 from .slots import slot_of
@@ -150,13 +151,17 @@ class RouterKV:
             code, details = failed[0]
             summary = (f"write failed on {len(failed)} of {len(results)} shard(s) "
                        f"(applied on: {', '.join(applied) or 'none'}): {details}")
-            raise StatusError(code, summary,
-                              trailers=((WRITE_RESULT_TRAILER, response.SerializeToString()),))
+            report = trailers.fit(response, response.shards, ("message",))
+            if report is None:
+                raise StatusError(code, summary + " (per-shard report too large to send)")
+            raise StatusError(code, summary, trailers=((WRITE_RESULT_TRAILER, report),))
         return response
 
     def Scan(self, request, context):
         self.limits.check_bound(request.start, "scan start")
         self.limits.check_bound(request.end, "scan end")
+        if request.end and request.start >= request.end:
+            return  # empty range: no shard needs asking (nor to be up)
         timeout = shard_timeout(context, self.default_timeout)
         calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
         yield from merged_scan(calls, request.limit)

@@ -148,12 +148,14 @@ def test_scan_resumes_after_the_last_yielded_key(server):
     kv.scan_fail_after = 2
     with Client(address, retries=2, backoff=0.01) as c:
         assert list(c.scan()) == sorted(kv.data.items())
-    assert [r.start for r in kv.calls["Scan"]] == [b"", b"b\x00"]
+    # a resumed scan starts at the last key yielded (its successor could be over the key limit)
+    # and skips it
+    assert [r.start for r in kv.calls["Scan"]] == [b"", b"b"]
     kv.scan_fail_after = 1
     kv.calls.clear()
     with Client(address, retries=2, backoff=0.01) as c:
         assert list(c.scan(limit=3)) == sorted(kv.data.items())[:3]
-    assert [(r.start, r.limit) for r in kv.calls["Scan"]] == [(b"", 3), (b"a\x00", 2)]
+    assert [(r.start, r.limit) for r in kv.calls["Scan"]] == [(b"", 3), (b"a", 3)]
 
 
 def test_write_batcher_bounds_each_write(server):
