@@ -106,7 +106,9 @@ class KVServicer:
         """A batch of puts and deletes. Atomic within one shard. Through the router a batch that
         spans shards is split; WriteResponse.shards says per shard whether it applied. When some
         shard did not apply, the call fails with that shard's status code and the full
-        WriteResponse is attached as trailing metadata `sievekv-write-result-bin`.
+        WriteResponse is attached as trailing metadata `sievekv-write-result-bin` (kept under
+        6 KiB: failure messages after the first may be shortened or left empty; the per-shard
+        applied flags and codes are always there).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -389,7 +391,7 @@ class AdminServicer:
 
     def Flush(self, request, context):
         """Flush/Compact fail (with the first failing shard's code, and the full AdminResponse in
-        trailing metadata `sievekv-admin-result-bin`) when any shard failed.
+        trailing metadata `sievekv-admin-result-bin`, trimmed like Write's) when any shard failed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
