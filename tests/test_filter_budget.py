@@ -69,3 +69,44 @@ def test_closed_form_matches_lagrange_condition():
     c = a.fpr[0] / runs[0]
     ln_c = -(a.budget_bits * LN2_SQ + sum(n * math.log(n) for n in runs)) / sum(runs)
     assert math.log(c) == pytest.approx(ln_c)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds on bits per key (runs too big for a useful filter, tiny runs at the cap)
+# ---------------------------------------------------------------------------------------------
+def test_runs_under_the_minimum_get_no_filter_and_the_rest_is_solved_again():
+    from engine.filter_budget import MIN_BITS_PER_KEY
+
+    runs = [1000, 10000, 100000]
+    a = allocate(runs, 20000)
+    assert a.bits_per_key[2] == 0.0
+    assert a.bits_per_key[:2] == pytest.approx(allocate(runs[:2], 20000).bits_per_key)
+    assert a.used_bits == pytest.approx(20000 * 8)  # nothing spent on the unbuilt filter
+    for b in a.bits_per_key:
+        assert b == 0.0 or b >= MIN_BITS_PER_KEY
+
+
+def test_bits_over_the_cap_go_to_the_other_runs():
+    from engine.filter_budget import MAX_BITS_PER_KEY
+
+    runs = [10, 1_000_000]
+    budget = 1_000_000 * 20 // 8  # the small run would want ~44 bits
+    a = allocate(runs, budget)
+    assert a.bits_per_key[0] == MAX_BITS_PER_KEY
+    assert a.used_bits == pytest.approx(budget * 8)  # the whole budget is spent
+    assert a.bits_per_key[1] == pytest.approx((budget * 8 - 10 * MAX_BITS_PER_KEY) / 1_000_000)
+
+
+def test_every_bound_holds_on_random_shapes():
+    from engine.filter_budget import MAX_BITS_PER_KEY, MIN_BITS_PER_KEY
+
+    rnd = random.Random(7)
+    for _ in range(300):
+        runs = [rnd.choice([0, 1, 10, 300, 5000, 80_000, 2_000_000]) for _ in range(rnd.randrange(1, 9))]
+        budget = rnd.choice([10, 1000, 50_000, 5_000_000])
+        a = allocate(runs, budget)
+        assert a.used_bits <= budget * 8 * (1 + 1e-9)
+        for b, n in zip(a.bits_per_key, runs):
+            assert b == 0.0 or MIN_BITS_PER_KEY <= b <= MAX_BITS_PER_KEY + 1e-9
+            if n == 0:
+                assert b == 0.0
