@@ -62,7 +62,7 @@ class Options:
     bits_per_key: float = _opt(10.0, "filter bits per key on every level unless overridden", lo=0.0)
     bits_per_key_per_level: Any = _opt(None, "list (index = level) or {level: bits} overriding bits_per_key")
     optimize_filters_for_hits: bool = _opt(False, "build no filter for tables written to the last level")
-    filter_memory_budget: Any = _opt(None, "total filter bytes for the DB, allocated across levels by Monkey (None: off)")
+    filter_memory_budget: Any = _opt(None, "total filter bytes for the DB, allocated across levels by Monkey (None: off); a plan for new tables, not a hard bound (engine/filter_plan.py)")
     filter_memory_cap: Any = _opt(None, "resident filter bytes; past it the coldest partitions are released (None: off)")
     partition_bytes: int = _opt(4096, "bytes per filter partition", lo=64)
 

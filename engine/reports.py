@@ -236,13 +236,13 @@ _NO_BUDGET_NOTE = ("allocation for the DB's current runs; with no budget configu
                    "computed for the memory the tables were built for (their bits per key x "
                    "keys)")
 _BUDGET_NOTE = (
-    "allocation for the DB's current runs. filter_bytes counts whole filter pages (4 KiB "
-    "each, the smallest filter a table can have). A new table gets its run's Monkey bits, "
-    "planned with room for the L0 tables to come (up to l0_compaction_trigger), but only from "
-    "what the other tables leave of the budget: it gets fewer bits when its page-rounded filter "
-    "does not fit there, and no filter when one page per table does not (see "
-    "tables_without_filter). Tables keep their filters until a compaction rewrites them, so "
-    "actual bits lag the optimum")
+    "allocation for the DB's current runs. A new table gets its run's Monkey bits, planned "
+    "for the DB at the capacity the budget covers at bits_per_key (the keys still to come are "
+    "one more run below the others). Tables keep their filters until a compaction rewrites "
+    "them, so actual bits lag the optimum, and filter_bytes, which counts whole filter pages "
+    "(4 KiB each, the smallest filter a table can have), may exceed the budget while the DB "
+    "grows, while L0 piles up, or when tables are small (within_budget says so); "
+    "filter_memory_cap bounds resident filter memory")
 
 
 def _actual_runs(levels, ids, fpr_of) -> list[dict]:

@@ -26,46 +26,6 @@ def round_up_pages(n: int) -> int:
     return -(-n // FILTER_PAGE_SIZE) * FILTER_PAGE_SIZE
 
 
-def keys_that_fit(policy, size: int) -> int:
-    """The most keys whose filter, at the policy's bits per key, fits ``size`` bytes (>= 1)."""
-    est = policy.estimate_size
-    lo, hi = 0, size * 8 + 1
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if est(mid) <= size:
-            lo = mid
-        else:
-            hi = mid - 1
-    return max(lo, 1)
-
-
-def predicted_region_bytes(policy, num_keys: int, keys_per_block: int,
-                           partition_bytes: int, slack_blocks: int = 0) -> int:
-    """The filter region :class:`PartitionedFilterBuilder` writes for ``num_keys`` keys in data
-    blocks of ``keys_per_block`` keys each (whole pages: partitions and their padding).
-
-    Mirrors the builder's grouping and sizing rules (docs/format.md, "Filter partitions",
-    Placement 2 and 3) for blocks of equal key counts, so the filter budget can be planned in
-    the bytes filters really take (engine/filter_plan.py). Blocks of unequal sizes group a
-    little differently (the running average moves, a block may hold more keys than average):
-    ``slack_blocks`` assumes each partition is cut that many blocks earlier, which errs on the
-    side of more pages. 0 for no keys (an empty table has no filter region).
-    """
-    if num_keys <= 0:
-        return 0
-    page_bytes = round_up_pages(max(partition_bytes, 1))
-    capacity = keys_that_fit(policy, page_bytes)
-    per_block = max(1, int(keys_per_block))
-    # end_block cuts once the keys plus one more average block exceed the capacity.
-    per_partition = max(1, capacity // per_block - slack_blocks) * per_block
-    full, rest = divmod(num_keys, per_partition)
-
-    def size(keys: int) -> int:
-        return max(page_bytes, round_up_pages(policy.estimate_size(keys)))
-
-    return full * size(per_partition) + (size(rest) if rest else 0)
-
-
 class PartitionedFilterBuilder:
     """Collects keys per partition and builds each partition once its blocks are complete.
 
@@ -80,7 +40,7 @@ class PartitionedFilterBuilder:
         self.policy = policy
         self._page_bytes = round_up_pages(max(partition_bytes, 1))
         self._fixed_blocks = blocks_per_partition
-        self._capacity = keys_that_fit(policy, self._page_bytes)
+        self._capacity = self._keys_that_fit(self._page_bytes)
         self._keys: list[bytes] = []
         self._blocks_in_partition = 0
         self._first_block = 0
@@ -89,6 +49,18 @@ class PartitionedFilterBuilder:
         # Built partitions: (separator, filter bytes, first data block, number of keys).
         self.partitions: list[tuple[bytes, bytes, int, int]] = []
         self.region_bytes = 0
+
+    def _keys_that_fit(self, size: int) -> int:
+        """The most keys whose filter, at the configured bits per key, fits ``size`` bytes."""
+        est = self.policy.estimate_size
+        lo, hi = 0, size * 8 + 1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if est(mid) <= size:
+                lo = mid
+            else:
+                hi = mid - 1
+        return max(lo, 1)
 
     def add_key(self, key: bytes) -> None:
         self._keys.append(key)
