@@ -7,6 +7,10 @@
   ``sievekv-write-result-bin``: ``applied = true`` is confirmed, ``applied = false`` with
   UNAVAILABLE or DEADLINE_EXCEEDED means *not known* (the shard may have applied it).
 - Scan asks every shard and merges the ordered streams (:mod:`router.merge`).
+- Every shard call holds one of that shard's call slots (router/shards.py): when a shard has
+  none free (it stopped answering), a call needing it fails at once with UNAVAILABLE naming it,
+  so the handler threads stay free for the other shards; a Write part that got no slot is not
+  sent.
 Input is validated here, before any fan-out, with the same limits as the shards.
 Thread-safe: handlers share only immutable state and thread-safe stubs.
 """
@@ -49,25 +53,34 @@ class RouterKV:
 
     def Get(self, request, context):
         shard = self._shard(request.key)
+        shard.acquire()
         try:
             return shard.kv.Get(request, timeout=shard_timeout(context, self.default_timeout))
         except grpc.RpcError as exc:
             raise shard.error(exc) from None
+        finally:
+            shard.release()
 
     def Put(self, request, context):
         shard = self._shard(request.key)
         self.limits.check_value(request.value)
+        shard.acquire()
         try:
             return shard.kv.Put(request, timeout=shard_timeout(context, self.default_timeout))
         except grpc.RpcError as exc:
             raise shard.error(exc) from None
+        finally:
+            shard.release()
 
     def Delete(self, request, context):
         shard = self._shard(request.key)
+        shard.acquire()
         try:
             return shard.kv.Delete(request, timeout=shard_timeout(context, self.default_timeout))
         except grpc.RpcError as exc:
             raise shard.error(exc) from None
+        finally:
+            shard.release()
 
     def _group(self, keys) -> dict[int, list[int]]:
         """Shard index -> positions in ``keys`` (validating every key)."""
@@ -87,21 +100,26 @@ class RouterKV:
     def MultiGet(self, request, context):
         keys = request.keys
         groups = self._group(keys)
-        timeout = shard_timeout(context, self.default_timeout)
         if len(groups) == 1:
             shard = self.shards[next(iter(groups))]
+            shard.acquire()
             try:
-                return shard.kv.MultiGet(request, timeout=timeout)
+                return shard.kv.MultiGet(request,
+                                         timeout=shard_timeout(context, self.default_timeout))
             except grpc.RpcError as exc:
                 raise shard.error(exc) from None
+            finally:
+                shard.release()
+        taken = _acquire_all([self.shards[idx] for idx in groups])
         calls = []
-        for idx, positions in groups.items():
-            shard = self.shards[idx]
-            part = pb.MultiGetRequest(keys=[keys[i] for i in positions])
-            calls.append((shard, positions, shard.kv.MultiGet.future(part, timeout=timeout)))
-        found = [False] * len(keys)
-        values = [b""] * len(keys)
         try:
+            timeout = shard_timeout(context, self.default_timeout)
+            for idx, positions in groups.items():
+                shard = self.shards[idx]
+                part = pb.MultiGetRequest(keys=[keys[i] for i in positions])
+                calls.append((shard, positions, shard.kv.MultiGet.future(part, timeout=timeout)))
+            found = [False] * len(keys)
+            values = [b""] * len(keys)
             for shard, positions, future in calls:
                 try:
                     response = future.result()
@@ -113,6 +131,8 @@ class RouterKV:
         finally:
             for _, _, future in calls:
                 future.cancel()
+            for shard in taken:
+                shard.release()
         return pb.MultiGetResponse(found=found, values=values)
 
     def Write(self, request, context):
@@ -126,25 +146,40 @@ class RouterKV:
             groups.setdefault(table[slot_of(m.key)], []).append(m)
         if not groups:
             return pb.WriteResponse()
-        timeout = shard_timeout(context, self.default_timeout)
         sync = _sync(request)
-        calls = []
-        for idx, mutations in groups.items():
-            shard = self.shards[idx]
-            part = request if len(groups) == 1 else pb.WriteRequest(mutations=mutations, sync=sync)
-            calls.append((shard, len(mutations), shard.kv.Write.future(part, timeout=timeout)))
+        parts = [(self.shards[idx], mutations) for idx, mutations in groups.items()]
+        # A shard with no free call slot is not sent its part: certainly not applied.
+        slotted = [shard.try_acquire() for shard, _ in parts]
+        futures = [None] * len(parts)
         results = []
         failed = []
-        for shard, n, future in calls:
-            try:
-                future.result()
-            except grpc.RpcError as exc:
-                code, details = translate(shard.label, exc)
+        try:
+            timeout = shard_timeout(context, self.default_timeout)
+            for i, (shard, mutations) in enumerate(parts):
+                if slotted[i]:
+                    part = request if len(parts) == 1 else pb.WriteRequest(mutations=mutations,
+                                                                          sync=sync)
+                    futures[i] = shard.kv.Write.future(part, timeout=timeout)
+            for (shard, mutations), future in zip(parts, futures):
+                n = len(mutations)
+                if future is None:
+                    code, details = grpc.StatusCode.UNAVAILABLE, shard.busy_details()
+                else:
+                    try:
+                        future.result()
+                    except grpc.RpcError as exc:
+                        code, details = translate(shard.label, exc)
+                    else:
+                        results.append(pb.ShardWriteResult(shard=shard.name, applied=True,
+                                                           mutations=n))
+                        continue
                 results.append(pb.ShardWriteResult(shard=shard.name, applied=False, mutations=n,
                                                    code=code.value[0], message=details))
                 failed.append((code, details))
-            else:
-                results.append(pb.ShardWriteResult(shard=shard.name, applied=True, mutations=n))
+        finally:
+            for (shard, _), took in zip(parts, slotted):
+                if took:
+                    shard.release()
         response = pb.WriteResponse(shards=results)
         if failed:
             applied = [r.shard for r in results if r.applied]
@@ -162,6 +197,24 @@ class RouterKV:
         self.limits.check_bound(request.end, "scan end")
         if request.end and request.start >= request.end:
             return  # empty range: no shard needs asking (nor to be up)
-        timeout = shard_timeout(context, self.default_timeout)
-        calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
-        yield from merged_scan(calls, request.limit)
+        taken = _acquire_all(self.shards)
+        try:
+            timeout = shard_timeout(context, self.default_timeout)
+            calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
+            yield from merged_scan(calls, request.limit)
+        finally:
+            for shard in taken:
+                shard.release()
+
+
+def _acquire_all(shards) -> list:
+    """A call slot of every shard in ``shards`` (router/shards.py), or UNAVAILABLE naming the
+    first shard without a free one (the slots taken so far are given back)."""
+    taken = []
+    for shard in shards:
+        if not shard.try_acquire():
+            for t in taken:
+                t.release()
+            raise shard.busy_error()
+        taken.append(shard)
+    return taken

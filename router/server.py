@@ -30,22 +30,35 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_ADMIN_TIMEOUT = 600.0
 
 
+def default_max_calls_per_shard(workers: int) -> int:
+    """A quarter of the handler threads (at least 1): a healthy shard answers in about a
+    millisecond, so 8 calls in flight per shard and router process (at 32 workers) carry
+    thousands of calls per second, and up to three hung shards leave threads for the rest."""
+    return max(1, workers // 4)
+
+
 def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limits | None = None,
                          metrics: RequestMetrics | None = None,
                          default_timeout: float = DEFAULT_TIMEOUT,
                          admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
                          reuse_port: bool = False,
-                         max_workers: int = DEFAULT_WORKERS) -> tuple[Serving, int]:
+                         max_workers: int = DEFAULT_WORKERS,
+                         max_calls_per_shard: int | None = None) -> tuple[Serving, int]:
     """Build a router for ``cluster_map`` bound to ``address``; return ``(serving, port)``.
 
     ``default_timeout`` (data calls) and ``admin_timeout`` (Flush/Compact) apply when the
     client sets no deadline; otherwise the client's remaining time is passed to the shards.
+    ``max_calls_per_shard``: calls one shard may have waiting on it (router/shards.py, call
+    slots); default a quarter of ``max_workers``, so a shard that stops answering holds at most
+    that many handler threads and the others keep serving the other shards.
     """
     limits = limits or Limits()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="router"),
                          options=server_options(limits, reuse_port))
     port = bind(server, address)
-    shards = [ShardClient(spec, limits) for spec in cluster_map.shards]
+    if max_calls_per_shard is None:
+        max_calls_per_shard = default_max_calls_per_shard(max_workers)
+    shards = [ShardClient(spec, limits, max_calls_per_shard) for spec in cluster_map.shards]
     guard = Guard("router", metrics)
     pbg.add_KVServicer_to_server(
         guard.wrap(RouterKV(cluster_map, shards, limits, default_timeout), KV_SERVICE), server)

@@ -49,12 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-grace", type=float, default=10.0,
                    help="seconds in-flight calls get to finish on SIGTERM")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="handler threads per process")
+    p.add_argument("--max-calls-per-shard", type=_positive_int, default=None,
+                   help="calls one shard may have waiting on it per router process; past it "
+                        "calls for that shard fail fast with UNAVAILABLE (default: workers / 4)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port of process 0; 0 = off")
     p.add_argument("--metrics-host", default=None, help="Prometheus bind host (default: the listen host)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="drain and exit when the parent process goes away")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _setup_logging(level: str) -> None:
@@ -84,7 +97,8 @@ def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port:
         serving, port = create_router_server(
             cluster_map, address, limits=Limits(max_value_bytes=args.max_value_bytes),
             metrics=metrics, default_timeout=args.default_timeout,
-            admin_timeout=args.admin_timeout, reuse_port=reuse_port, max_workers=args.workers)
+            admin_timeout=args.admin_timeout, reuse_port=reuse_port, max_workers=args.workers,
+            max_calls_per_shard=args.max_calls_per_shard)
     except (SieveError, OSError) as exc:
         message = f"router: cannot start: {exc}"
         if ready is not None:

@@ -269,3 +269,51 @@ def test_startup_errors_exit_1_with_one_line(procs, tmp_path):
     supervisor = start_router_process(procs, str(bad_map), name="router2", processes=2, wait=False)
     assert supervisor.popen.wait(30) == 1
     assert "slots 101-16383" in supervisor.log()
+
+
+def test_a_hung_shard_leaves_the_router_threads_to_the_others(procs, tmp_path):
+    """A shard that stops answering holds at most its call slots of the router's handler
+    threads (router/shards.py); calls for the other shard keep being served, and new calls for
+    the hung one fail fast with UNAVAILABLE naming it. Before the slots, 12 waiting calls took
+    all 8 threads and the other shard's keys timed out too."""
+    shards, _, cmap = start_cluster(procs, str(tmp_path), 2)
+    router = start_router_process(procs, str(tmp_path / "cluster.toml"), name="small",
+                                  extra=("--workers", "8", "--max-calls-per-shard", "2"))
+    groups = keys_by_shard(cmap, 2, per_shard=1)
+    hung_key, ok_key = groups[0][0], groups[1][0]
+    with Client(router.address, retries=0) as c:  # the router connects to both shards first
+        c.put(hung_key, b"h")
+        c.put(ok_key, b"o")
+    os.kill(shards[0].popen.pid, signal.SIGSTOP)
+    outcomes = []
+
+    def wait_on_the_hung_shard():
+        try:
+            outcomes.append(c.get(hung_key, timeout=120))
+        except errors.ClientError as exc:
+            outcomes.append(exc)
+
+    c = Client(router.address, retries=0, timeout=60)
+    waiting = [threading.Thread(target=wait_on_the_hung_shard) for _ in range(12)]
+    try:
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(outcomes) < 10:  # two calls hold the slots; the rest are refused fast
+            assert time.monotonic() < deadline, outcomes
+            time.sleep(0.05)
+        assert all(isinstance(o, errors.UnavailableError) for o in outcomes), outcomes
+        assert "shard s0" in str(outcomes[0]) and "not answering" in str(outcomes[0])
+        assert c.get(ok_key, timeout=30) == b"o"  # the other shard still has threads
+        with pytest.raises(errors.PartialWriteError) as info:
+            c.write([(hung_key, b"x"), (ok_key, b"y")], timeout=30)
+        assert {r.shard: r.applied for r in info.value.results} == {"s0": False, "s1": True}
+        assert c.get(ok_key) == b"y"
+    finally:
+        os.kill(shards[0].popen.pid, signal.SIGCONT)
+        for t in waiting:
+            t.join(150)
+        c.close()
+    assert outcomes.count(b"h") == 2  # the two that held the slots are answered once it resumes
+    with Client(router.address, retries=0) as c2:
+        assert c2.get(hung_key) == b"h"  # the part refused for lack of a slot was never sent
