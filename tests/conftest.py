@@ -15,6 +15,7 @@ The shards serve the real engine.DB (``python -m shard``).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,8 +29,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 30.0
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A port that is free right now (bound without SO_REUSEPORT, then released)."""
+    """A port that is free right now (bound without SO_REUSEPORT, then released), for a
+    server that cannot bind port 0 itself (metrics ports, fixed cluster configs).
+
+    Picked at random *below* the kernel's ephemeral range: port 0 would hand out a port from
+    that range, where every outgoing connection (gRPC channels of this run and of anything
+    else on the machine) also takes its local port, so it could be taken again before the
+    server binds it."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(10000, low) if low > 11000 else rng.randrange(1024, 10000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

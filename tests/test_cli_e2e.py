@@ -10,7 +10,6 @@ file, so no process outlives the tests even when one fails.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,8 @@ import pytest
 
 from router import cluster_state as cs
 from router.cli import rpc
+
+from .conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,12 +37,6 @@ def sievekv(*argv, input=None, env=None, timeout=120):
     return subprocess.run([sys.executable, "-m", "router.cli", *argv], input=input,
                           capture_output=True, text=isinstance(input, (str, type(None))),
                           env=e, timeout=timeout, cwd=ROOT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_recorded(data_dir: str) -> None:
