@@ -39,26 +39,21 @@ class RouterAdmin:
         self.admin_timeout = admin_timeout
 
     def _fan_out(self, method: str, request, timeout: float):
-        """[(shard, response or None, (code, details) or None)] in cluster-map order. A shard
-        with no free call slot (router/shards.py) is not asked: its entry is UNAVAILABLE."""
-        slotted = [s.try_acquire() for s in self.shards]
-        try:
-            calls = [(s, getattr(s.admin, method).future(request, timeout=timeout) if took
-                      else None) for s, took in zip(self.shards, slotted)]
-            out = []
-            for shard, future in calls:
-                if future is None:
-                    out.append((shard, None, (grpc.StatusCode.UNAVAILABLE, shard.busy_details())))
-                    continue
-                try:
-                    out.append((shard, future.result(), None))
-                except grpc.RpcError as exc:
-                    out.append((shard, None, translate(shard.label, exc)))
-            return out
-        finally:
-            for s, took in zip(self.shards, slotted):
-                if took:
-                    s.release()
+        """[(shard, response or None, (code, details) or None)] in cluster-map order. A hung
+        shard (router/shards.py) is not asked: its entry is UNAVAILABLE at once."""
+        calls = [(s, None if s.reads.hung() else
+                  getattr(s.admin, method).future(request, timeout=timeout)) for s in self.shards]
+        out = []
+        for shard, future in calls:
+            if future is None:
+                out.append((shard, None, (grpc.StatusCode.UNAVAILABLE,
+                                          shard.busy_details(shard.reads))))
+                continue
+            try:
+                out.append((shard, future.result(), None))
+            except grpc.RpcError as exc:
+                out.append((shard, None, translate(shard.label, exc)))
+        return out
 
     def _report(self, method: str, request, response_cls, context):
         sections, totals, reports, errors = [], {}, {}, {}

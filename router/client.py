@@ -72,16 +72,29 @@ def _section(s) -> errors.ShardResult:
     return errors.ShardResult(s.shard, s.address, s.ok, errors.status_code(s.code), s.error)
 
 
+MAX_TIMEOUT = 1e6
+"""Longest timeout accepted, in seconds: gRPC deadlines overflow near 9.2e9 s (every call then
+fails at once with DEADLINE_EXCEEDED)."""
+
+
+def _check_timeout(timeout, least: str = "> 0") -> float:
+    """``timeout`` if it is a number of seconds up to MAX_TIMEOUT and ``least`` ("> 0", or
+    ">= 0" for one call: 0 is a deadline already passed), else ValueError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not (0 < timeout if least == "> 0" else 0 <= timeout) or not timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be a number of seconds {least} and at most "
+                         f"{MAX_TIMEOUT:.0f}, got {timeout!r}")
+    return timeout
+
+
 class Client:
     """A connection (one gRPC channel) to a router or a shard. See the module docstring."""
 
     def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 3,
                  backoff: float = 0.05, max_backoff: float = 1.0,
                  max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.address = address
-        self.timeout = timeout
+        self.timeout = _check_timeout(timeout)
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -103,7 +116,7 @@ class Client:
         self.close()
 
     def _deadline(self, timeout: float | None) -> float:
-        return time.monotonic() + (self.timeout if timeout is None else timeout)
+        return time.monotonic() + (self.timeout if timeout is None else _check_timeout(timeout, ">= 0"))
 
     def _delays(self, deadline: float) -> Iterator[None]:
         """Sleep before each retry; stop when out of retries or when the next sleep would

@@ -7,10 +7,10 @@
   ``sievekv-write-result-bin``: ``applied = true`` is confirmed, ``applied = false`` with
   UNAVAILABLE or DEADLINE_EXCEEDED means *not known* (the shard may have applied it).
 - Scan asks every shard and merges the ordered streams (:mod:`router.merge`).
-- Every shard call holds one of that shard's call slots (router/shards.py): when a shard has
-  none free (it stopped answering), a call needing it fails at once with UNAVAILABLE naming it,
-  so the handler threads stay free for the other shards; a Write part that got no slot is not
-  sent.
+- Every unary shard call holds one of that shard's call slots (router/shards.py); fan-outs
+  take theirs in shard order. A call for a hung shard fails at once with UNAVAILABLE naming it,
+  so the handler threads stay free for the other shards; a Write is sent to no shard unless it
+  got a slot of every shard it touches.
 Input is validated here, before any fan-out, with the same limits as the shards.
 Thread-safe: handlers share only immutable state and thread-safe stubs.
 """
@@ -53,34 +53,17 @@ class RouterKV:
 
     def Get(self, request, context):
         shard = self._shard(request.key)
-        shard.acquire()
-        try:
-            return shard.kv.Get(request, timeout=shard_timeout(context, self.default_timeout))
-        except grpc.RpcError as exc:
-            raise shard.error(exc) from None
-        finally:
-            shard.release()
+        return shard.call(shard.reads, shard.kv.Get, request, context, self.default_timeout)
 
     def Put(self, request, context):
         shard = self._shard(request.key)
         self.limits.check_value(request.value)
-        shard.acquire()
-        try:
-            return shard.kv.Put(request, timeout=shard_timeout(context, self.default_timeout))
-        except grpc.RpcError as exc:
-            raise shard.error(exc) from None
-        finally:
-            shard.release()
+        return shard.call(shard.writes, shard.kv.Put, request, context, self.default_timeout)
 
     def Delete(self, request, context):
         shard = self._shard(request.key)
-        shard.acquire()
-        try:
-            return shard.kv.Delete(request, timeout=shard_timeout(context, self.default_timeout))
-        except grpc.RpcError as exc:
-            raise shard.error(exc) from None
-        finally:
-            shard.release()
+        return shard.call(shard.writes, shard.kv.Delete, request, context,
+                          self.default_timeout)
 
     def _group(self, keys) -> dict[int, list[int]]:
         """Shard index -> positions in ``keys`` (validating every key)."""
@@ -102,38 +85,55 @@ class RouterKV:
         groups = self._group(keys)
         if len(groups) == 1:
             shard = self.shards[next(iter(groups))]
-            shard.acquire()
-            try:
-                return shard.kv.MultiGet(request,
-                                         timeout=shard_timeout(context, self.default_timeout))
-            except grpc.RpcError as exc:
-                raise shard.error(exc) from None
-            finally:
-                shard.release()
-        taken = _acquire_all([self.shards[idx] for idx in groups])
+            return shard.call(shard.reads, shard.kv.MultiGet, request, context,
+                              self.default_timeout)
+        order = sorted(groups)
+        taken = self._acquire_all(order, context, write=False)
         calls = []
+        answered = {}
         try:
             timeout = shard_timeout(context, self.default_timeout)
-            for idx, positions in groups.items():
+            for idx in order:
                 shard = self.shards[idx]
+                positions = groups[idx]
                 part = pb.MultiGetRequest(keys=[keys[i] for i in positions])
-                calls.append((shard, positions, shard.kv.MultiGet.future(part, timeout=timeout)))
+                calls.append((idx, positions, shard.kv.MultiGet.future(part, timeout=timeout)))
             found = [False] * len(keys)
             values = [b""] * len(keys)
-            for shard, positions, future in calls:
+            for idx, positions, future in calls:
                 try:
                     response = future.result()
                 except grpc.RpcError as exc:
-                    raise shard.error(exc) from None
+                    answered[idx] = exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED
+                    raise self.shards[idx].error(exc) from None
+                answered[idx] = True
                 for i, f, v in zip(positions, response.found, response.values):
                     found[i] = f
                     values[i] = v
         finally:
             for _, _, future in calls:
                 future.cancel()
-            for shard in taken:
-                shard.release()
+            for idx in taken:
+                self.shards[idx].reads.release(answered.get(idx, False))
         return pb.MultiGetResponse(found=found, values=values)
+
+    def _acquire_all(self, order: list[int], context, write: bool) -> list[int]:
+        """A call slot of each shard in ``order`` (ascending shard index, the same order in
+        every handler, so two fan-outs never wait on each other's slots), or the StatusError of
+        :meth:`ShardClient.take_slot` (the slots taken so far are given back)."""
+        taken = []
+        try:
+            for idx in order:
+                shard = self.shards[idx]
+                shard.take_slot(shard.writes if write else shard.reads, context,
+                                self.default_timeout)
+                taken.append(idx)
+        except BaseException:
+            for t in taken:
+                shard = self.shards[t]
+                (shard.writes if write else shard.reads).release(False)
+            raise
+        return taken
 
     def Write(self, request, context):
         limits = self.limits
@@ -147,39 +147,48 @@ class RouterKV:
         if not groups:
             return pb.WriteResponse()
         sync = _sync(request)
-        parts = [(self.shards[idx], mutations) for idx, mutations in groups.items()]
-        # A shard with no free call slot is not sent its part: certainly not applied.
-        slotted = [shard.try_acquire() for shard, _ in parts]
-        futures = [None] * len(parts)
+        order = sorted(groups)
+        try:
+            taken = self._acquire_all(order, context, write=True)
+        except StatusError as exc:
+            # Nothing was sent: every part is certainly not applied (a retry is safe).
+            results = [pb.ShardWriteResult(shard=self.shards[idx].name, applied=False,
+                                           mutations=len(groups[idx]), code=exc.code.value[0],
+                                           message=exc.message) for idx in order]
+            response = pb.WriteResponse(shards=results)
+            report = trailers.fit(response, response.shards, ("message",))
+            summary = f"write not sent to any shard: {exc.message}"
+            raise StatusError(exc.code, summary, trailers=(
+                ((WRITE_RESULT_TRAILER, report),) if report is not None else ())) from None
+        futures = {}
+        answered = {}
         results = []
         failed = []
         try:
             timeout = shard_timeout(context, self.default_timeout)
-            for i, (shard, mutations) in enumerate(parts):
-                if slotted[i]:
-                    part = request if len(parts) == 1 else pb.WriteRequest(mutations=mutations,
-                                                                          sync=sync)
-                    futures[i] = shard.kv.Write.future(part, timeout=timeout)
-            for (shard, mutations), future in zip(parts, futures):
-                n = len(mutations)
-                if future is None:
-                    code, details = grpc.StatusCode.UNAVAILABLE, shard.busy_details()
+            for idx in order:
+                part = request if len(order) == 1 else pb.WriteRequest(mutations=groups[idx],
+                                                                      sync=sync)
+                futures[idx] = self.shards[idx].kv.Write.future(part, timeout=timeout)
+            for idx in order:
+                shard = self.shards[idx]
+                n = len(groups[idx])
+                try:
+                    futures[idx].result()
+                except grpc.RpcError as exc:
+                    answered[idx] = exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED
+                    code, details = translate(shard.label, exc)
+                    results.append(pb.ShardWriteResult(shard=shard.name, applied=False,
+                                                       mutations=n, code=code.value[0],
+                                                       message=details))
+                    failed.append((code, details))
                 else:
-                    try:
-                        future.result()
-                    except grpc.RpcError as exc:
-                        code, details = translate(shard.label, exc)
-                    else:
-                        results.append(pb.ShardWriteResult(shard=shard.name, applied=True,
-                                                           mutations=n))
-                        continue
-                results.append(pb.ShardWriteResult(shard=shard.name, applied=False, mutations=n,
-                                                   code=code.value[0], message=details))
-                failed.append((code, details))
+                    answered[idx] = True
+                    results.append(pb.ShardWriteResult(shard=shard.name, applied=True,
+                                                       mutations=n))
         finally:
-            for (shard, _), took in zip(parts, slotted):
-                if took:
-                    shard.release()
+            for idx in taken:
+                self.shards[idx].writes.release(answered.get(idx, False))
         response = pb.WriteResponse(shards=results)
         if failed:
             applied = [r.shard for r in results if r.applied]
@@ -197,24 +206,8 @@ class RouterKV:
         self.limits.check_bound(request.end, "scan end")
         if request.end and request.start >= request.end:
             return  # empty range: no shard needs asking (nor to be up)
-        taken = _acquire_all(self.shards)
-        try:
-            timeout = shard_timeout(context, self.default_timeout)
-            calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
-            yield from merged_scan(calls, request.limit)
-        finally:
-            for shard in taken:
-                shard.release()
-
-
-def _acquire_all(shards) -> list:
-    """A call slot of every shard in ``shards`` (router/shards.py), or UNAVAILABLE naming the
-    first shard without a free one (the slots taken so far are given back)."""
-    taken = []
-    for shard in shards:
-        if not shard.try_acquire():
-            for t in taken:
-                t.release()
-            raise shard.busy_error()
-        taken.append(shard)
-    return taken
+        for shard in self.shards:
+            shard.check_not_hung()
+        timeout = shard_timeout(context, self.default_timeout)
+        calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
+        yield from merged_scan(calls, request.limit)

@@ -31,10 +31,11 @@ DEFAULT_ADMIN_TIMEOUT = 600.0
 
 
 def default_max_calls_per_shard(workers: int) -> int:
-    """A quarter of the handler threads (at least 1): a healthy shard answers in about a
-    millisecond, so 8 calls in flight per shard and router process (at 32 workers) carry
-    thousands of calls per second, and up to three hung shards leave threads for the rest."""
-    return max(1, workers // 4)
+    """An eighth of the handler threads (at least 1) for reads, and as many for writes: a
+    healthy shard answers in about a millisecond, so 4 reads in flight per shard and router
+    process (at 32 workers) carry thousands of calls per second, and a hung shard holds at
+    most a quarter of the threads (its reads and writes), leaving the rest to the others."""
+    return max(1, workers // 8)
 
 
 def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limits | None = None,
@@ -48,9 +49,10 @@ def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limit
 
     ``default_timeout`` (data calls) and ``admin_timeout`` (Flush/Compact) apply when the
     client sets no deadline; otherwise the client's remaining time is passed to the shards.
-    ``max_calls_per_shard``: calls one shard may have waiting on it (router/shards.py, call
-    slots); default a quarter of ``max_workers``, so a shard that stops answering holds at most
-    that many handler threads and the others keep serving the other shards.
+    ``max_calls_per_shard``: reads, and as many writes, one shard may have waiting on it
+    (router/shards.py, call slots); default an eighth of ``max_workers`` each, so a shard that
+    stops answering holds at most a quarter of the handler threads and the others keep serving
+    the other shards.
     """
     limits = limits or Limits()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="router"),

@@ -5,14 +5,17 @@ A channel reconnects by itself after a shard restarts; the reconnect backoff is 
 comes back after a restart). Calls never wait for a connection (no wait_for_ready): a shard
 that cannot be reached fails its calls at once with UNAVAILABLE, naming the shard.
 
-Call slots (a bulkhead): every call a router process makes to a shard holds one of that
-shard's ``max_calls`` slots while it waits. A shard that stops answering (hung process, stalled
-disk) would otherwise collect every handler thread of the router, one per waiting call, and
-calls for the *other* shards would queue behind them until their deadlines: one sick shard
-would take the whole cluster down. With the slots, once a shard has ``max_calls`` calls in
-flight, a new call for it waits at most :data:`SLOT_WAIT` for a slot and is then refused with
-UNAVAILABLE naming the shard, and the other threads stay free for the other shards. A healthy
-shard answers in about a millisecond, so its slots free up long before the wait ends.
+Call slots (a bulkhead, router/call_slots.py): every unary call a router process makes to a
+shard holds one of that shard's ``max_calls`` read slots (Get, MultiGet) or write slots (Put,
+Delete, Write) while it waits on it. A shard that stops
+answering (a hung process, a stalled disk) would otherwise collect every handler thread of the
+router, one per waiting call, and the calls for the *other* shards would queue behind them until
+their deadlines: one sick shard would take the whole cluster down. With the slots, callers
+beyond ``max_calls`` wait their turn while the shard answers; once it has answered none of its
+calls for :data:`HUNG_AFTER` seconds they are refused at once with UNAVAILABLE naming it, and
+the other threads stay free for the other shards. Scans and Admin calls take no slot (a scan
+also waits on its client, a compaction for minutes) but are refused the same way while the
+shard is hung.
 """
 
 from __future__ import annotations
@@ -26,23 +29,26 @@ from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .call_slots import CallSlots
 from .cluster_map import ShardSpec
+from .deadlines import shard_timeout
 
 INITIAL_RECONNECT_BACKOFF_MS = 100
 MAX_RECONNECT_BACKOFF_MS = 2000
 
-SLOT_WAIT = 0.1
-"""Seconds a call waits for one of its shard's call slots before it is refused."""
+HUNG_AFTER = 2.0
+"""Seconds a shard with every call slot taken may answer nothing before it is treated as hung."""
 
 
 class ShardClient:
     """Stubs of one shard over one channel. Thread-safe (gRPC channels and stubs are)."""
 
-    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 8):
+    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 4):
         self.name = spec.name
         self.address = spec.address
         self.label = f"shard {spec.name} at {spec.address}"
-        self.max_calls = max_calls
-        self._slots = CallSlots(max_calls)
+        # Reads and writes wait in separate pools: a write stall (writers held until a
+        # compaction catches up) must not take the slots of reads, which it does not slow.
+        self.reads = CallSlots(max_calls, HUNG_AFTER)
+        self.writes = CallSlots(max_calls, HUNG_AFTER)
         self.channel = grpc.insecure_channel(spec.address, options=[
             *limits.grpc_options(),
             ("grpc.initial_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
@@ -55,25 +61,53 @@ class ShardClient:
         self.admin = pbg.AdminStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
-    def try_acquire(self) -> bool:
-        """Take one of this shard's call slots, waiting at most :data:`SLOT_WAIT`; False if
-        none freed up (see the module docstring). A True must be paired with :meth:`release`."""
-        return self._slots.acquire(SLOT_WAIT)
+    def call(self, pool: CallSlots, method, request, context, default_timeout: float):
+        """``method(request)`` (a unary stub method of this shard) holding a slot of ``pool``
+        (``self.reads`` or ``self.writes``), with the client's remaining deadline (less the
+        router's margin) or ``default_timeout``. Raises the StatusError to send the client
+        (:meth:`take_slot`'s, or the shard's own failure, named)."""
+        self.take_slot(pool, context, default_timeout)
+        answered = False
+        try:
+            response = method(request, timeout=shard_timeout(context, default_timeout))
+            answered = True
+            return response
+        except grpc.RpcError as exc:
+            answered = exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED
+            raise self.error(exc) from None
+        finally:
+            pool.release(answered)
 
-    def acquire(self) -> None:
-        """:meth:`try_acquire`, raising UNAVAILABLE (:meth:`busy_error`) when it fails."""
-        if not self._slots.acquire(SLOT_WAIT):
-            raise self.busy_error()
+    def take_slot(self, pool: CallSlots, context, default_timeout: float) -> None:
+        """Take a slot of ``pool``, waiting for one at most until the call's deadline (less the
+        router's margin). Raises UNAVAILABLE (:meth:`busy_error`) if the shard is hung, or
+        DEADLINE_EXCEEDED if the deadline came first. Pair with ``pool.release``. A write is
+        refused too while the shard's reads are hung (the process answers nothing); reads are
+        not refused for a write stall."""
+        if pool is self.writes and self.reads.hung():
+            raise self.busy_error(self.reads)
+        if pool.acquire(shard_timeout(context, default_timeout)):
+            return
+        if pool.hung():
+            raise self.busy_error(pool)
+        raise StatusError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"{self.label}: the deadline passed while waiting for one of its "
+                          f"{pool.capacity} call slots (all busy)")
 
-    def release(self) -> None:
-        self._slots.release()
+    def check_not_hung(self) -> None:
+        """Raise UNAVAILABLE (:meth:`busy_error`) if the shard's reads are hung (for calls that
+        take no slot: scans, Admin)."""
+        if self.reads.hung():
+            raise self.busy_error(self.reads)
 
-    def busy_details(self) -> str:
-        return (f"{self.label} is not answering: {self.max_calls} calls from this router "
-                f"process are waiting on it (hung or overloaded), so it gets no more")
+    def busy_details(self, pool: CallSlots) -> str:
+        what = "reads" if pool is self.reads else "writes"
+        return (f"{self.label} is not answering: none of the {pool.capacity} {what} this router "
+                f"process has waiting on it got an answer for {HUNG_AFTER:g} s (hung, or "
+                f"{'stalled' if what == 'reads' else 'a write stall'}), so it gets no more for now")
 
-    def busy_error(self) -> StatusError:
-        return StatusError(grpc.StatusCode.UNAVAILABLE, self.busy_details())
+    def busy_error(self, pool: CallSlots) -> StatusError:
+        return StatusError(grpc.StatusCode.UNAVAILABLE, self.busy_details(pool))
 
     def error(self, exc: grpc.RpcError) -> StatusError:
         """The StatusError to send the client for a failed call to this shard: same code,

@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds in-flight calls get to finish on SIGTERM")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="handler threads per process")
     p.add_argument("--max-calls-per-shard", type=_positive_int, default=None,
-                   help="calls one shard may have waiting on it per router process; past it "
-                        "calls for that shard fail fast with UNAVAILABLE (default: workers / 4)")
+                   help="reads, and as many writes, one shard may have waiting on it per router "
+                        "process; more wait their turn, and fail fast with UNAVAILABLE once the "
+                        "shard has answered none for 2 s (default: workers / 8)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port of process 0; 0 = off")
     p.add_argument("--metrics-host", default=None, help="Prometheus bind host (default: the listen host)")
     p.add_argument("--exit-with-parent", action="store_true",

@@ -64,12 +64,6 @@ def get_outcome(address: str, key: bytes):
 # ---------------------------------------------------------------------------------------------
 # Bugs (xfail strict)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/kv_servicer.py Write: a part that waits more than SLOT_WAIT (0.1 s) for a slot is "
-    "refused while the other parts are sent, and the slots are taken one shard at a time while "
-    "holding the others (MultiGet/Scan too, in different orders): with as many concurrent "
-    "writers as router threads (32), a few % of cross-shard Writes on two HEALTHY shards are "
-    "half applied, UNAVAILABLE 'shard ... is not answering (hung or overloaded)'"))
 def test_concurrent_cross_shard_writes_to_healthy_shards_all_apply(procs, tmp_path):
     # The router as shipped: 32 handler threads, 8 call slots per shard.
     shards, router, cmap = start_cluster(procs, str(tmp_path), 2)
@@ -100,11 +94,6 @@ def test_concurrent_cross_shard_writes_to_healthy_shards_all_apply(procs, tmp_pa
     assert failures == [], f"{len(failures)} failed after {writes[0]} writes: {failures[0]}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/kv_servicer.py Scan holds a call slot of EVERY shard for the whole stream, also "
-    "while its handler waits on the client (HTTP/2 flow control), not on a shard: as many "
-    "slow scan readers as slots (default 8 per router process) make every Get/Put/Write of "
-    "the cluster fail with UNAVAILABLE 'shard ... is not answering (hung or overloaded)'"))
 def test_slow_scan_readers_do_not_lock_out_point_reads(procs, tmp_path):
     shards, _, cmap = start_cluster(procs, str(tmp_path), 2)
     router = small_router(procs, str(tmp_path), workers=8, max_calls=2, name="small")
@@ -129,11 +118,6 @@ def test_slow_scan_readers_do_not_lock_out_point_reads(procs, tmp_path):
         channel.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/client.py Client.__init__ accepts timeout=math.inf (and any huge number, ~1e10 s "
-    "and up), but gRPC then fails every call at once with DEADLINE_EXCEEDED; the CLI's "
-    "--timeout (router/cli/app.py _seconds) caps it for exactly this reason, the library "
-    "does not"))
 def test_an_infinite_client_timeout_is_refused_or_works(procs, tmp_path):
     shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
     try:

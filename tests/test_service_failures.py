@@ -273,9 +273,10 @@ def test_startup_errors_exit_1_with_one_line(procs, tmp_path):
 
 def test_a_hung_shard_leaves_the_router_threads_to_the_others(procs, tmp_path):
     """A shard that stops answering holds at most its call slots of the router's handler
-    threads (router/shards.py); calls for the other shard keep being served, and new calls for
-    the hung one fail fast with UNAVAILABLE naming it. Before the slots, 12 waiting calls took
-    all 8 threads and the other shard's keys timed out too."""
+    threads (router/shards.py): once it has answered nothing for HUNG_AFTER seconds, the calls
+    waiting for a slot give up and new ones fail at once, with UNAVAILABLE naming it, and the
+    other shard keeps being served. Before the slots, 12 waiting calls took all 8 threads and
+    the other shard's keys timed out too."""
     shards, _, cmap = start_cluster(procs, str(tmp_path), 2)
     router = start_router_process(procs, str(tmp_path / "cluster.toml"), name="small",
                                   extra=("--workers", "8", "--max-calls-per-shard", "2"))
@@ -299,16 +300,24 @@ def test_a_hung_shard_leaves_the_router_threads_to_the_others(procs, tmp_path):
         for t in waiting:
             t.start()
         deadline = time.monotonic() + 60
-        while len(outcomes) < 10:  # two calls hold the slots; the rest are refused fast
+        while len(outcomes) < 10:  # two calls hold the slots; the rest are refused
             assert time.monotonic() < deadline, outcomes
             time.sleep(0.05)
         assert all(isinstance(o, errors.UnavailableError) for o in outcomes), outcomes
         assert "shard s0" in str(outcomes[0]) and "not answering" in str(outcomes[0])
         assert c.get(ok_key, timeout=30) == b"o"  # the other shard still has threads
+        started = time.monotonic()
+        with pytest.raises(errors.UnavailableError) as refused:
+            c.get(hung_key, timeout=60)
+        assert time.monotonic() - started < 30  # refused, not left to wait for its deadline
+        assert "not answering" in str(refused.value)
+        # A Write touching the hung shard is sent to no shard: certainly applied nowhere.
         with pytest.raises(errors.PartialWriteError) as info:
             c.write([(hung_key, b"x"), (ok_key, b"y")], timeout=30)
-        assert {r.shard: r.applied for r in info.value.results} == {"s0": False, "s1": True}
-        assert c.get(ok_key) == b"y"
+        assert {r.shard: r.applied for r in info.value.results} == {"s0": False, "s1": False}
+        assert "not sent" in str(info.value)
+        assert c.get(ok_key) == b"o"
+        c.put(ok_key, b"y")
     finally:
         os.kill(shards[0].popen.pid, signal.SIGCONT)
         for t in waiting:

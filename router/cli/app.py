@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)", USAGE)
 
 
-MAX_SECONDS = 1e6  # gRPC deadlines overflow near 9.2e9 s: every call then fails at once
+MAX_SECONDS = 1e6  # = router.client.MAX_TIMEOUT: gRPC deadlines overflow near 9.2e9 s
 
 
 def _seconds(text: str) -> float:
