@@ -41,7 +41,7 @@ HUNG_AFTER = 2.0
 class ShardClient:
     """Stubs of one shard over one channel. Thread-safe (gRPC channels and stubs are)."""
 
-    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 4):
+    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 8):
         self.name = spec.name
         self.address = spec.address
         self.label = f"shard {spec.name} at {spec.address}"

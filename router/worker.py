@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-calls-per-shard", type=_positive_int, default=None,
                    help="reads, and as many writes, one shard may have waiting on it per router "
                         "process; more wait their turn, and fail fast with UNAVAILABLE once the "
-                        "shard has answered none for 2 s (default: workers / 8)")
+                        "shard has answered none for 2 s (default: workers / 4)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port of process 0; 0 = off")
     p.add_argument("--metrics-host", default=None, help="Prometheus bind host (default: the listen host)")
     p.add_argument("--exit-with-parent", action="store_true",
