@@ -48,6 +48,7 @@ def hop_costs(nkeys: int = 50000) -> list[tuple[str, float, float]]:
     from router.client import Client
     from router.cluster_map import ClusterMap
     from router.kv_servicer import RouterKV
+    from router.shards import ShardClient
     from shard.limits import Limits
     from shard.serving import KV_SERVICE
     from shard.servicer import KVServicer
@@ -76,11 +77,10 @@ def hop_costs(nkeys: int = 50000) -> list[tuple[str, float, float]]:
             def MultiGet(self, request, timeout=None):
                 return mget_resp
 
-        class Conn:
-            kv = Answer()
-
-        router = Guard("router").wrap(RouterKV(ClusterMap.even([("s0", "h:1")]), [Conn()], Limits(), 10.0),
-                                      KV_SERVICE)
+        cmap = ClusterMap.even([("s0", "127.0.0.1:1")])
+        conn = ShardClient(cmap.shards[0], Limits())  # the real one (call slots included),
+        conn.kv = Answer()  # its stub answered at once; its channel never connects
+        router = Guard("router").wrap(RouterKV(cmap, [conn], Limits(), 10.0), KV_SERVICE)
         client = Client("127.0.0.1:1")
         client._kv = Answer()
         rows = [
@@ -97,6 +97,7 @@ def hop_costs(nkeys: int = 50000) -> list[tuple[str, float, float]]:
                             pb.MultiGetResponse.FromString(mget_resp.SerializeToString())))),
         ]
         client.close()
+        conn.close()
         return rows
     finally:
         db.close()
