@@ -60,6 +60,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(predicate, what: str, timeout: float = 60.0, poll: float = 0.1):
+    """Poll ``predicate`` until it returns something true (returned); fail the test naming
+    ``what`` after ``timeout`` seconds (generous: machines running CI are often loaded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+
+
 @dataclass
 class Proc:
     """A started process; ``port`` is read from its port file."""

@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import socket
-import time
 
 import grpc
 import pytest
@@ -26,22 +25,12 @@ from shard.limits import DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import free_port, start_router_process, start_shard_process
+from .conftest import free_port, start_router_process, start_shard_process, wait_until
 from .test_service_failures import keys_by_shard, start_cluster
 from .test_service_metrics import scrape
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-
-
-def wait_until(predicate, what: str, timeout: float = 30.0, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll)
 
 
 def raw_scan(stub, start=b"", end=b"", limit=0) -> list[tuple[bytes, bytes]]:

@@ -24,18 +24,8 @@ from shard.status import StatusError
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import start_router_process, start_shard_process
+from .conftest import start_router_process, start_shard_process, wait_until
 from .test_service_failures import keys_by_shard, start_cluster
-
-
-def wait_until(predicate, what: str, timeout: float = 60.0, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll)
 
 
 def small_router(procs, root, workers: int, max_calls: int, name: str):
