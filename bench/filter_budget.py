@@ -14,6 +14,9 @@ Variants (--variants, comma separated):
   M-   filter_memory_budget = keys x 5 / 8 bytes, bits_per_key=5 (so the capacity the budget
        covers at bits_per_key, which the planner uses for the keys still to come, is --keys,
        as it is for M)
+  M0   M with the planner before coverage (old_bits_for_new_table, patched in for this
+       variant only): every run weighted as if every miss probed it, the L0 tables funded by
+       the levels, the keys still to come one more run. The before/after comparison.
 
 For each it prints:
 - filter bytes held by the tables (FileMeta.filter_bytes, whole 4 KiB partitions), the peak
@@ -22,15 +25,17 @@ For each it prints:
   (or, without one, the bytes the filters are built for);
 - filter_report()["budget"]: expected wasted table reads per missing-key lookup for Monkey's
   optimal allocation of that memory, for uniform bits at the same memory, and for the filters
-  the tables really have, all as if every miss probed every run; beside it the same sum over
-  only the tables whose key range covers each absent key (a level can cover part of the range);
+  the tables really have, each run weighted by its estimated coverage (the share of misses that
+  probe it); the same sum over every run unweighted (what the report gave before coverage);
+  and the exact sum over only the tables whose key range covers each absent key;
 - MEASURED wasted reads: the stats()["data_blocks_read"] delta over --misses gets of absent
   random 17-byte keys (inside the key range, so the table's range check does not answer; every
     block read is a filter false positive), with a 95% Poisson interval, per covering table, and
   per run from the filters' own false-positive counters (filter_report; they add up to the
   blocks);
 - the shape: tables, entries, bits per key (actual and Monkey's optimum) and filter bytes per
-  run (each L0 table is a run, each deeper level one run).
+  run (each L0 table is a run, each deeper level one run), the share of the absent keys its
+  tables cover (probes/miss) beside the coverage the planner estimates from the version.
 
 Then the ratios M / U (and M- / U5) of measured wasted reads and of filter memory. Counts do
 not depend on machine load; only the load seconds do. The shape the tree settles in (above all,
@@ -39,7 +44,7 @@ it can differ between variants and rounds: --rounds N repeats every variant (alt
 and prints the median of the paired ratios; compare like shapes (the summary prints each).
 
 Run: python3 bench/filter_budget.py [--keys 300000] [--misses 400000] [--value-size 64]
-                                    [--variants U,M,U5,M-] [--memtable-mib 4]
+                                    [--variants U,M,U5,M-,M0] [--memtable-mib 4]
                                     [--target-file-mib 2] [--level-base-mib 8] [--seed 7]
                                     [--rounds 1]
 """
@@ -61,6 +66,7 @@ from bisect import bisect_left
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import engine  # noqa: E402
+import engine.filter_plan  # noqa: E402
 from engine.compaction import pick  # noqa: E402
 from engine.filter_plan import fpr_function  # noqa: E402
 
@@ -71,8 +77,28 @@ VARIANTS = {
     "M": (10.0, 10),
     "U5": (5.0, None),
     "M-": (5.0, 5),
+    "M0": (10.0, 10),  # M with the planner before coverage (old_bits_for_new_table)
 }
-PAIRS = (("M", "U"), ("M-", "U5"), ("M-", "U"))
+PAIRS = (("M", "U"), ("M-", "U5"), ("M-", "U"), ("M0", "U"), ("M", "M0"))
+
+
+def old_bits_for_new_table(options, levels, out_level, new_entries, removed=None,
+                           last_level=False):
+    """The planner before coverage (engine/filter_plan.py at commit d0b4f2d), for variant M0:
+    Monkey as if every miss probed every run, the L0 tables funded by the levels, the keys
+    still to come one more run."""
+    from engine.filter_budget import allocate
+    from engine.filter_plan import MIN_BITS_PER_KEY, keys_to_come, runs_of
+
+    if options.filter_policy is None:
+        return 0.0
+    if options.optimize_filters_for_hits and last_level:
+        return 0.0
+    runs, _ids, target = runs_of(levels, out_level, new_entries, removed)
+    runs = runs + [keys_to_come(options, runs)]
+    alloc = allocate(runs, options.filter_memory_budget, fpr_function(options))
+    bits = alloc.bits_per_key[target]
+    return bits if bits >= MIN_BITS_PER_KEY else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +208,10 @@ def run_variant(name: str, args, keys, values, absent, root: str) -> dict:
                 max_bytes_for_level_base=int(args.level_base_mib * MiB), bits_per_key=bits,
                 filter_memory_budget=budget)
     path = os.path.join(root, name)
+    import engine.background
+    import engine.recovery
+    planner = old_bits_for_new_table if name == "M0" else engine.filter_plan.bits_for_new_table
+    engine.background.bits_for_new_table = engine.recovery.bits_for_new_table = planner
     put_count = [0]
     db = engine.DB.open(path, **opts)
     try:
@@ -216,6 +246,7 @@ def run_variant(name: str, args, keys, values, absent, root: str) -> dict:
             files = [levels[0][r["l0_index"]]] if r["level"] == 0 else levels[r["level"]]
             runs.append({"level": r["level"], "entries": r["entries"], "tables": len(files),
                          "bits": r["actual_bits_per_key"], "opt_bits": r["optimal_bits_per_key"],
+                         "coverage": r["coverage"],
                          "fpr": r["actual_fpr"], "filter_bytes": r["filter_bytes"],
                          "no_filter": r["tables_without_filter"], "covering": cov[0],
                          "exp_fp": cov[1], "fp": sum(fp.get(f.number, 0) for f in files)})
@@ -230,6 +261,7 @@ def run_variant(name: str, args, keys, values, absent, root: str) -> dict:
             "exp_uniform": b["expected_reads_per_miss_uniform"],
             "uniform_bits": b["uniform_bits_per_key"],
             "exp_actual": b["expected_reads_per_miss_actual"],
+            "exp_actual_all": sum(r["actual_fpr"] for r in b["runs"]),
             "blocks": blocks, "misses": len(absent),
             "covering": sum(c[0] for c in covering),
             "exp_covered": sum(c[1] for c in covering) / len(absent),
@@ -261,19 +293,19 @@ def print_variant(r: dict) -> None:
           f"({r['trivial_moves']} trivial moves, {r['compaction_mib']:.0f} MiB written), "
           f"{r['table_workers']} table worker processes")
     print(f"  {'run':<5}{'tables':>7}{'entries':>10}{'bits/key':>9}{'optimal':>8}{'filter B':>10}"
-          f"{'eff bits':>9}{'no filter':>10}{'exp FPR':>9}{'probes/miss':>12}{'exp FP/miss':>12}"
-          f"{'FP/miss':>9}")
+          f"{'eff bits':>9}{'no filter':>10}{'exp FPR':>9}{'probes/miss':>12}{'est cov':>8}"
+          f"{'exp FP/miss':>12}{'FP/miss':>9}")
     n = r["misses"]
     for x in r["runs"]:
         eff = 8 * x["filter_bytes"] / x["entries"] if x["entries"] else 0.0
         print(f"  L{x['level']:<4}{x['tables']:>7}{x['entries']:>10,}{x['bits']:>9.2f}"
               f"{x['opt_bits']:>8.2f}{x['filter_bytes']:>10,}{eff:>9.2f}{x['no_filter']:>10}"
-              f"{x['fpr']:>9.5f}{x['covering'] / n:>12.3f}{x['exp_fp'] / n:>12.5f}"
-              f"{x['fp'] / n:>9.5f}")
+              f"{x['fpr']:>9.5f}{x['covering'] / n:>12.3f}{x['coverage']:>8.3f}"
+              f"{x['exp_fp'] / n:>12.5f}{x['fp'] / n:>9.5f}")
     print(f"  {'all':<5}{sum(x['tables'] for x in r['runs']):>7}"
           f"{sum(x['entries'] for x in r['runs']):>10,}{'':>17}"
           f"{sum(x['filter_bytes'] for x in r['runs']):>10,}{'':>28}"
-          f"{r['covering'] / n:>12.3f}{r['exp_covered']:>12.5f}{r['fp'] / n:>9.5f}")
+          f"{r['covering'] / n:>12.3f}{'':>8}{r['exp_covered']:>12.5f}{r['fp'] / n:>9.5f}")
 
 
 def main() -> None:
@@ -324,7 +356,7 @@ def main() -> None:
     print("filter memory (bytes held by the tables: whole 4 KiB partitions) and wasted table reads "
           "per missing-key get")
     print(f"{'':<7}{'budget B':>10}{'built for':>11}{'peak held':>11}{'/budget':>8}"
-          f"{'end held':>10}{'/budget':>8}{'exp opt':>8}{'exp unif':>9}{'exp act':>8}"
+          f"{'end held':>10}{'/budget':>8}{'exp opt':>8}{'exp unif':>9}{'exp all':>8}{'exp act':>8}"
           f"{'exp cover':>10}{'measured':>9}{'95% interval':>15}{'probes':>7}{'per probe':>10}"
           f"  shape (tables per level)")
     for rnd, results in enumerate(rounds):
@@ -335,15 +367,17 @@ def main() -> None:
             label = f"{n}" + (f" r{rnd + 1}" if args.rounds > 1 else "")
             print(f"{label:<7}{(r['budget'] or 0):>10,}{r['built_for']:>11,}{r['held_peak']:>11,}"
                   f"{r['held_peak'] / ref:>8.2f}{r['held_end']:>10,}{r['held_end'] / ref:>8.2f}"
-                  f"{r['exp_optimal']:>8.4f}{r['exp_uniform']:>9.4f}{r['exp_actual']:>8.4f}"
+                  f"{r['exp_optimal']:>8.4f}{r['exp_uniform']:>9.4f}{r['exp_actual_all']:>8.4f}"
+                  f"{r['exp_actual']:>8.4f}"
                   f"{r['exp_covered']:>10.4f}{r['blocks'] / r['misses']:>9.4f}"
                   f"{f'{lo:.4f}-{hi:.4f}':>15}{r['covering'] / r['misses']:>7.2f}"
                   f"{r['blocks'] / r['covering']:>10.4f}  {shape(r)}")
     print("""(budget B: the option, 0 = none. built for: bits per key x entries of the tables at the
 end. /budget: held bytes over the budget, or over the built-for bytes without one. exp opt, exp
 unif, exp act: filter_report()["budget"] expected wasted reads per miss for Monkey's optimum of
-that memory, for uniform bits at that memory, and for the filters the tables have, all as if
-every miss probed every run. exp cover: the tables' FPRs at their built bits, summed over the
+that memory, for uniform bits at that memory, and for the filters the tables have, each run
+weighted by its estimated coverage. exp all: the last summed over every run unweighted (the
+report before coverage). exp cover: the tables' FPRs at their built bits, summed over the
 tables whose key range really covers each absent key. measured: data blocks read per absent-key
 get, 95% Poisson interval. probes: tables covering an absent key, per get. per probe: measured
 per covering table)""")

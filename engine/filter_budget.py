@@ -44,8 +44,19 @@ after at most k steps):
 
 Dropping the weak run first keeps the solve feasible (the capped runs' bits always fit in M).
 
+Coverage: not every run is probed
+----------------------------------
+A get probes a run only where one of its tables' key ranges holds the key: a level whose tables
+span 40% of the key space is probed by 40% of the misses. With c_i the probability that a miss
+probes run i (its *coverage*, 0 < c_i <= 1), the expected wasted reads are R = sum_i c_i p_i,
+and the same Lagrange step gives p_i = c * n_i / c_i: every ``n_i`` above becomes ``n_i / c_i``
+inside the logarithm (``ln c = -(M ln(2)^2 + sum n_i ln(n_i / c_i)) / sum n_i``), and the run
+with the fewest bits is the one with the largest n_i / c_i. Two runs probed in proportion to
+their sizes (c_i proportional to n_i) get equal bits. ``coverage=None`` is c_i = 1 everywhere
+(the classic Monkey). engine/filter_plan.py estimates c_i from the tables' key ranges.
+
 The uniform alternative spends the same M as M / N bits per key everywhere (N = sum n_i), giving
-R_uniform = k * fpr(M / N) for k runs. :func:`allocate` returns both so the report can show the
+R_uniform = fpr(M / N) * sum_i c_i. :func:`allocate` returns both so the report can show the
 gain. The allocation uses the classic formula; the expected FPR reported for each level uses the
 configured policy's own FPR function when one is given (a blocked Bloom filter is a little worse
 than classic at the same bits).
@@ -62,6 +73,8 @@ MAX_BITS_PER_KEY = 40.0
 """Cap on bits per key for tiny runs (the optimum goes to infinity as n -> 0)."""
 MIN_BITS_PER_KEY = 1.0
 """Below this a run gets no filter (engine/filter_plan.py builds none that weak)."""
+MIN_COVERAGE = 1e-3
+"""Floor on a run's coverage, so n / c stays finite."""
 
 
 def classic_fpr(bits_per_key: float) -> float:
@@ -104,31 +117,41 @@ class Allocation:
 
 def allocate(run_entries: Sequence[int], budget_bytes: float,
              fpr_fn: Callable[[float], float] = classic_fpr,
-             min_bits: float = MIN_BITS_PER_KEY) -> Allocation:
+             min_bits: float = MIN_BITS_PER_KEY,
+             coverage: Sequence[float] | None = None) -> Allocation:
     """Optimal bits per key for runs of ``run_entries`` entries sharing ``budget_bytes``.
 
-    Returns bits per key per run (same order; each 0 or in [min_bits, MAX_BITS_PER_KEY]), each
-    run's expected FPR under ``fpr_fn``, their sum (expected wasted table reads per missing-key
-    lookup), and the same for uniform bits. O(k^2) for k runs (k is small: the L0 tables plus
-    six levels).
+    ``coverage``: per run the probability that a missing-key lookup probes it (None: 1 each;
+    values are clamped to [MIN_COVERAGE, 1]). Returns bits per key per run (same order; each 0
+    or in [min_bits, MAX_BITS_PER_KEY]), each run's expected FPR under ``fpr_fn``, the
+    coverage-weighted sum (expected wasted table reads per missing-key lookup), and the same for
+    uniform bits. O(k^2) for k runs (k is small: the L0 tables plus six levels).
     """
     n = [max(0, int(x)) for x in run_entries]
+    if coverage is None:
+        cov = [1.0] * len(n)
+    else:
+        cov = [min(1.0, max(MIN_COVERAGE, float(c))) for c in coverage]
+        if len(cov) != len(n):
+            raise ValueError("coverage needs one value per run")
+    w = [n[i] / cov[i] for i in range(len(n))]  # Monkey's "size" of a run: entries / coverage
     m_bits = max(0.0, float(budget_bytes) * 8.0)
     total = sum(n)
     k = len(n)
     bits = [0.0] * k
     if total == 0 or m_bits == 0.0:
         fpr = tuple(1.0 if x else 0.0 for x in n)
-        return Allocation(tuple(bits), fpr, float(sum(fpr)), 0.0, float(sum(fpr)), m_bits, 0.0)
+        r = float(sum(p * c for p, c in zip(fpr, cov)))
+        return Allocation(tuple(bits), fpr, r, 0.0, r, m_bits, 0.0)
     active = [i for i in range(k) if n[i] > 0]
     capped: list[int] = []
     while active:
         m_free = m_bits - MAX_BITS_PER_KEY * sum(n[i] for i in capped)
         s = sum(n[i] for i in active)
-        s_log = sum(n[i] * math.log(n[i]) for i in active)
+        s_log = sum(n[i] * math.log(w[i]) for i in active)
         ln_c = -(m_free * LN2_SQ + s_log) / s
-        want = {i: -(ln_c + math.log(n[i])) / LN2_SQ for i in active}
-        worst = max(active, key=lambda i: n[i])  # the largest run has the fewest bits
+        want = {i: -(ln_c + math.log(w[i])) / LN2_SQ for i in active}
+        worst = max(active, key=lambda i: w[i])  # the largest n / c has the fewest bits
         if want[worst] < max(min_bits, 0.0):  # too weak to build (or p >= 1): no filter
             active.remove(worst)
             continue
@@ -147,11 +170,15 @@ def allocate(run_entries: Sequence[int], budget_bytes: float,
     used = sum(bits[i] * n[i] for i in range(k))
     fpr = tuple((fpr_fn(bits[i]) if n[i] else 0.0) for i in range(k))
     uniform = min(MAX_BITS_PER_KEY, m_bits / total)
-    u_fpr = sum(fpr_fn(uniform) for x in n if x)
-    return Allocation(tuple(bits), fpr, float(sum(fpr)), uniform, float(u_fpr), m_bits, used)
+    u_fpr = sum(fpr_fn(uniform) * cov[i] for i in range(k) if n[i])
+    r = sum(fpr[i] * cov[i] for i in range(k))
+    return Allocation(tuple(bits), fpr, float(r), uniform, float(u_fpr), m_bits, used)
 
 
 def expected_reads_per_miss(run_entries: Sequence[int], bits_per_key: Sequence[float],
-                            fpr_fn: Callable[[float], float] = classic_fpr) -> float:
-    """Sum of the runs' FPRs: expected wasted table reads for one missing-key lookup."""
-    return float(sum(fpr_fn(b) for x, b in zip(run_entries, bits_per_key) if x))
+                            fpr_fn: Callable[[float], float] = classic_fpr,
+                            coverage: Sequence[float] | None = None) -> float:
+    """Sum of the runs' FPRs, each weighted by its coverage (None: 1): expected wasted table
+    reads for one missing-key lookup."""
+    cov = [1.0] * len(run_entries) if coverage is None else list(coverage)
+    return float(sum(fpr_fn(b) * c for x, b, c in zip(run_entries, bits_per_key, cov) if x))

@@ -22,8 +22,10 @@ probes, negatives, positives, true positives, errors) plus:
   at the same memory (the budget, or without one the bits per key x keys the tables were built
   for), as expected wasted table reads per missing-key lookup, and the same figure for the
   filters the tables actually have (per run the entry-weighted mean of its tables' FPRs, 1 for
-  a table without a filter); the filter bytes held (whole pages) against the budget, and per
-  run its filter bytes and tables without a filter;
+  a table without a filter). Each run's FPR counts with its ``coverage``, the estimated share
+  of missing-key lookups that probe it (engine/filter_plan.py ``coverage_of``: a level whose
+  tables span part of the key range is probed only there); the filter bytes held (whole
+  pages) against the budget, and per run its filter bytes and tables without a filter;
 - ``cap``: the resident-filter cap, tracked resident bytes, faults and evictions.
 
 Both take no DB lock beyond reading the current read state; counters are read racily (fine
@@ -199,7 +201,7 @@ def filter_report(db) -> dict:
         rows = per_level[level]
         levels.append({"level": level, "totals": _total(rows), "tables": rows})
     all_rows = [r for rows in per_level.values() for r in rows]
-    alloc, ids, runs = current_allocation(opts, rs.version.levels)
+    alloc, ids, runs, cov = current_allocation(opts, rs.version.levels)
     actual = _actual_runs(rs.version.levels, ids, fpr_of)
     held = sum(f.filter_bytes for files in rs.version.levels for f in files)
     budget_bytes = opts.filter_memory_budget
@@ -209,16 +211,17 @@ def filter_report(db) -> dict:
         "filter_bytes": held,
         "within_budget": None if budget_bytes is None else held <= budget_bytes,
         "runs": [{"level": lv, "l0_index": i if lv == 0 else None, "entries": n,
+                  "coverage": round(c, 4),
                   "optimal_bits_per_key": round(b, 3), "optimal_fpr": p,
                   "actual_bits_per_key": round(a["bits_per_key"], 3),
                   "actual_fpr": a["fpr"], "filter_bytes": a["filter_bytes"],
                   "tables_without_filter": a["tables_without_filter"]}
-                 for (lv, i), n, b, p, a in zip(ids, runs, alloc.bits_per_key, alloc.fpr,
-                                                actual)],
+                 for (lv, i), n, c, b, p, a in zip(ids, runs, cov, alloc.bits_per_key,
+                                                   alloc.fpr, actual)],
         "expected_reads_per_miss_optimal": alloc.expected_reads_per_miss,
         "expected_reads_per_miss_uniform": alloc.uniform_expected_reads_per_miss,
         "uniform_bits_per_key": alloc.uniform_bits_per_key,
-        "expected_reads_per_miss_actual": float(sum(a["fpr"] for a in actual)),
+        "expected_reads_per_miss_actual": float(sum(a["fpr"] * c for a, c in zip(actual, cov))),
         "note": _BUDGET_NOTE if budget_bytes is not None else _NO_BUDGET_NOTE,
     }
     cap = db.filter_cap.report()
@@ -236,12 +239,14 @@ _NO_BUDGET_NOTE = ("allocation for the DB's current runs; with no budget configu
                    "computed for the memory the tables were built for (their bits per key x "
                    "keys)")
 _BUDGET_NOTE = (
-    "allocation for the DB's current runs. A new table gets its run's Monkey bits, planned "
-    "for the DB at the capacity the budget covers at bits_per_key (the keys still to come are "
-    "one more run below the others). Tables keep their filters until a compaction rewrites "
-    "them, so actual bits lag the optimum, and filter_bytes, which counts whole filter pages "
-    "(4 KiB each, the smallest filter a table can have), may exceed the budget while the DB "
-    "grows, while L0 piles up, or when tables are small (within_budget says so); "
+    "allocation for the DB's current runs, each weighted by the share of misses that probe "
+    "it (coverage). A new table gets its run's Monkey bits, planned for the DB at the capacity "
+    "the budget covers at bits_per_key (the levels scaled up to hold the keys still to come); "
+    "the levels do not fund L0 tables, only a flush is planned against them. Tables keep their "
+    "filters until a compaction rewrites them, so actual bits lag the optimum, and "
+    "filter_bytes, which counts whole filter pages (4 KiB each, the smallest filter a table "
+    "can have), may exceed the budget while the DB grows, while L0 tables exist, or when "
+    "tables are small (within_budget says so); "
     "filter_memory_cap bounds resident filter memory")
 
 

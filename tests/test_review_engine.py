@@ -102,6 +102,46 @@ def test_report_uniform_baseline_of_a_uniform_10_bit_db_is_10_bits(tmp_path):
             b["expected_reads_per_miss_uniform"], rel=0.01), b
 
 
+def test_report_expected_reads_per_miss_counts_only_the_runs_a_miss_probes(tmp_path):
+    """A get probes a level only where one of its tables holds the key. The report weighs each
+    run's FPR by its estimated coverage, so with levels that cover part of the key range its
+    expected figure is the sum over the tables that really cover each absent key (before: the
+    sum over all runs, 1.25x that at the default bench shape)."""
+    import time
+    from bisect import bisect_left
+
+    from engine.compaction import pick
+
+    opts = dict(table_workers=0, memtable_bytes=256 << 10, target_file_size=64 << 10,
+                max_bytes_for_level_base=256 << 10)
+    with DB.open(tmp_path / "db", **opts) as db:
+        rnd = random.Random(11)
+        for _ in range(60_000):
+            db.put(rnd.randbytes(16), b"v" * 40)
+        db.flush()
+        deadline = time.monotonic() + DEADLINE_S
+        while (db.stats()["compaction_running"] is not None
+               or pick(_version(db), db.options) is not None):
+            assert time.monotonic() < deadline, "compactions did not settle"
+            time.sleep(0.05)
+        b = db.filter_report()["budget"]
+        levels = _version(db).levels
+        runs = [[f] for f in levels[0]] + [list(files) for files in levels[1:] if files]
+        misses = [rnd.randbytes(17) for _ in range(20_000)]
+        exact = 0.0
+        for files in runs:
+            largests = [f.largest for f in files]
+            for k in misses:
+                i = bisect_left(largests, k)
+                if i < len(files) and files[i].smallest <= k:
+                    exact += BLOCKED(files[i].filter_bits_per_key)
+        exact /= len(misses)
+        assert len(b["runs"]) >= 2
+        assert b["expected_reads_per_miss_actual"] == pytest.approx(exact, rel=0.1), (b, exact)
+        every_run = sum(r["actual_fpr"] for r in b["runs"])
+        assert b["expected_reads_per_miss_actual"] <= every_run + 1e-12
+
+
 # ---------------------------------------------------------------------------------------------
 # Monkey allocation
 # ---------------------------------------------------------------------------------------------
