@@ -207,7 +207,7 @@ def test_coverage_follows_the_key_density_not_the_key_bytes():
     assert cov[1] == pytest.approx(1.0)
 
 
-def test_coverage_of_a_partial_level_uses_the_other_runs_entries():
+def test_coverage_of_a_partial_level_is_the_share_of_the_key_space_it_spans():
     from engine.filter_plan import coverage_of, runs_of
 
     l1 = [_meta(2, _k(0.0), _k(0.1), 5_000)]  # a small level over 10% of the key space
