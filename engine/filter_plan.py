@@ -44,7 +44,6 @@ import functools
 from bisect import bisect_left
 
 from .filter_budget import MIN_BITS_PER_KEY, Allocation, allocate
-from .format import NUM_LEVELS
 from .sstable import TableOptions
 
 
