@@ -3,7 +3,7 @@ processes are added, with many client processes (`sievekv bench`), against the o
 one-router cluster measured in the same run.
 
     python3 bench/cluster_scaling.py [--layouts 1x1,2x1,4x1,8x1,8x2,8x4] [--clients 16]
-                                     [--seconds 3] [--keys 20000]
+                                     [--seconds 3] [--keys 20000] [--router-option KEY=VALUE]
 
 A layout SxR is S shards behind R router processes (SO_REUSEPORT). For each layout: start a
 cluster with `sievekv cluster start` (free ports, a fresh data directory), preload --keys keys
@@ -31,6 +31,7 @@ data_dir = "data"
 [router]
 listen = "127.0.0.1:0"
 processes = {routers}
+{router_options}
 [shards]
 count = {shards}
 base_port = 0
@@ -64,7 +65,8 @@ def run_layout(shards: int, routers: int, args) -> dict:
     d = tempfile.mkdtemp(prefix=f"sievekv-scale-{shards}x{routers}-")
     conf = os.path.join(d, "cluster.toml")
     with open(conf, "w") as f:
-        f.write(CONFIG.format(shards=shards, routers=routers))
+        f.write(CONFIG.format(shards=shards, routers=routers,
+                              router_options="\n".join(args.router_option)))
     try:
         r = sievekv("cluster", "start", "--config", conf)
         if r.returncode != 0:
@@ -83,11 +85,15 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--keys", type=int, default=20000)
+    p.add_argument("--router-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a [router] config line for every layout, e.g. max_calls_per_shard=16 "
+                        "(TOML value syntax; repeatable)")
     args = p.parse_args()
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
     print(f"cluster scaling: {args.clients} client processes, {args.seconds:g} s per op, "
           f"{args.keys} keys of 100 B, {os.cpu_count()} CPUs; ratios against {layouts[0][0]} "
-          f"shard(s) x {layouts[0][1]} router(s) in this run", flush=True)
+          f"shard(s) x {layouts[0][1]} router(s) in this run"
+          + "".join(f"; [router] {o}" for o in args.router_option), flush=True)
     print(f"{'shards x routers':>16} {'get ops/s':>10} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7}"
           f" {'put ops/s':>10} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'errors':>7}", flush=True)
     base = None

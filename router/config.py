@@ -54,6 +54,8 @@ class RouterSpec:
     port: int
     processes: int
     metrics_port: int
+    workers: int = 32
+    max_calls_per_shard: int = 0  # 0: the router's default, a quarter of workers
 
     @property
     def address(self) -> str:
@@ -266,7 +268,9 @@ def from_toml(doc: dict, *, source: str, base_dir: str, check_filters: bool = Tr
 
     r = _Section(source, "router", doc.get("router", {}), d["router"])
     rhost, rport = r.address("listen")
-    router = RouterSpec(rhost, rport, r.int("processes", 1, 256), r.int("metrics_port", 0, 65535))
+    workers = r.int("workers", 1, 1024)
+    router = RouterSpec(rhost, rport, r.int("processes", 1, 256), r.int("metrics_port", 0, 65535),
+                        workers, r.int("max_calls_per_shard", 0, workers))
 
     shards = _shards(source, doc, d)
 

@@ -64,7 +64,10 @@ def router_spec(cfg: ClusterConfig) -> ProcessSpec:
     argv = [sys.executable, "-m", "router", "--cluster-map", cluster_map_path(cfg.data_dir),
             "--listen", r.address, "--processes", str(r.processes),
             "--max-value-bytes", str(cfg.limits.max_value_size),
-            "--drain-grace", f"{drain_grace(cfg):g}", "--exit-with-parent"]
+            "--drain-grace", f"{drain_grace(cfg):g}", "--workers", str(r.workers),
+            "--exit-with-parent"]
+    if r.max_calls_per_shard:
+        argv += ["--max-calls-per-shard", str(r.max_calls_per_shard)]
     if r.metrics_port:
         argv += ["--metrics-port", str(r.metrics_port)]
     return ProcessSpec("router", "router", None, r.address, r.metrics_port, tuple(argv),

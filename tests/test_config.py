@@ -90,6 +90,8 @@ def test_explicit_shards_with_slot_ranges():
     ("[supervisor]\nstart_timeout = 0", "start_timeout: must be > 0"),
     ("[limits]\nmax_key_size = 10", "[limits] max_key_size: unknown option"),
     ("[cluster\n", "invalid TOML"),
+    ("[router]\nworkers = 0", "[router] workers: must be in 1..1024, got 0"),
+    ("[router]\nworkers = 8\nmax_calls_per_shard = 9", "max_calls_per_shard: must be in 0..8, got 9"),
 ])
 def test_bad_config_is_one_line_naming_the_option(text, where):
     with pytest.raises(c.ConfigError) as ei:
@@ -112,3 +114,17 @@ def test_humanize_round_numbers():
             parse_size(bad)
     assert format_bytes(None) == "-" and format_bytes(1 << 20) == "1.0 MiB"
     assert format_duration(3725) == "1h02m"
+
+
+def test_router_threads_and_call_slots_reach_the_router_command_line():
+    from router import launch
+
+    argv = launch.router_spec(c.loads("")).argv
+    assert argv[argv.index("--workers") + 1] == "32"
+    assert "--max-calls-per-shard" not in argv  # 0: the router's own default (workers / 4)
+    cfg = c.loads("[router]\nworkers = 64\nmax_calls_per_shard = 16\n")
+    assert (cfg.router.workers, cfg.router.max_calls_per_shard) == (64, 16)
+    assert c.from_dict(cfg.to_dict()) == cfg
+    argv = launch.router_spec(cfg).argv
+    assert argv[argv.index("--workers") + 1] == "64"
+    assert argv[argv.index("--max-calls-per-shard") + 1] == "16"

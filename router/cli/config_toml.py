@@ -26,7 +26,9 @@ def render(cfg: ClusterConfig, header: str = "") -> str:
     out = [f"# {line}".rstrip() for line in header.splitlines()]
     out += ["", "[cluster]", _kv("data_dir", cfg.data_dir)]
     out += ["", "[router]", _kv("listen", cfg.router.address),
-            _kv("processes", cfg.router.processes), _kv("metrics_port", cfg.router.metrics_port)]
+            _kv("processes", cfg.router.processes), _kv("metrics_port", cfg.router.metrics_port),
+            _kv("workers", cfg.router.workers),
+            _kv("max_calls_per_shard", cfg.router.max_calls_per_shard)]
     first = cfg.shards[0]
     out += ["", "[shards]", _kv("count", len(cfg.shards)), _kv("host", first.host),
             _kv("base_port", _base([s.port for s in cfg.shards])),
