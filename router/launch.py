@@ -34,7 +34,7 @@ def shard_spec(cfg: ClusterConfig, shard: ShardSpec) -> ProcessSpec:
     ddir = cs.shard_dir(cfg.data_dir, shard.index)
     argv = [sys.executable, "-m", "shard", "--data-dir", ddir, "--listen", shard.address,
             "--name", shard.name, "--max-value-bytes", str(cfg.limits.max_value_size),
-            "--drain-grace", f"{drain_grace(cfg):g}", "--exit-with-parent"]
+            "--drain-grace", f"{drain_grace(cfg):g}", "--exit-with-parent", "--parent-pid", str(os.getpid())]
     for name, value in sorted(engine_overrides(cfg).items()):
         argv += ["--engine-option", f"{name}={json.dumps(value)}"]
     if shard.metrics_port:
@@ -65,7 +65,7 @@ def router_spec(cfg: ClusterConfig) -> ProcessSpec:
             "--listen", r.address, "--processes", str(r.processes),
             "--max-value-bytes", str(cfg.limits.max_value_size),
             "--drain-grace", f"{drain_grace(cfg):g}", "--workers", str(r.workers),
-            "--exit-with-parent"]
+            "--exit-with-parent", "--parent-pid", str(os.getpid())]
     if r.max_calls_per_shard:
         argv += ["--max-calls-per-shard", str(r.max_calls_per_shard)]
     if r.metrics_port:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import select
 import signal
@@ -174,6 +175,9 @@ class Supervisor:
         self.terminate = False
         self.started_at = time.time()
         self.starting_up = True
+        self.unsaved = False  # the last save() failed; _tick tries again
+        # Seconds from SIGTERM to SIGKILL when stopping; `cluster stop --timeout` sets it.
+        self.stop_timeout = cfg.supervisor.stop_timeout
 
     # -- reporting -------------------------------------------------------------------------
     def report(self, **event) -> None:
@@ -203,7 +207,18 @@ class Supervisor:
                            "log": cs.log_path(self.cfg.data_dir, "supervisor")},
             "processes": [c.to_json() for c in self.children],
         }
-        cs.write_state(self.cfg.data_dir, doc, self.fs)
+        try:
+            cs.write_state(self.cfg.data_dir, doc, self.fs)
+        except OSError as exc:  # StorageIOError too: a full or failing disk
+            # The processes keep serving: a state file that cannot be written (ENOSPC) must not
+            # take the cluster down. It is written again at the next tick (see _tick).
+            if not self.unsaved:
+                _log(f"cannot write the state file: {exc}; retrying")
+            self.unsaved = True
+            return
+        if self.unsaved:
+            _log("state file written again")
+        self.unsaved = False
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -326,6 +341,7 @@ class Supervisor:
     def _spawn(self, c: Child) -> None:
         c.spawn(self.env, self.cfg.data_dir)
         _log(f"started {c.spec.name} pid {c.popen.pid} on {c.spec.address}")
+        self.save()  # recorded at once: a supervisor killed now leaves its pid for `cluster stop`
         self.report(event="spawn", name=c.spec.name, address=c.spec.address, pid=c.popen.pid)
 
     def _tick(self) -> None:
@@ -365,7 +381,7 @@ class Supervisor:
                 _log(f"{c.spec.name} still running {self.cfg.supervisor.stop_timeout:g}s after "
                      f"SIGTERM; sending SIGKILL")
                 c.signal(signal.SIGKILL)
-        if changed:
+        if changed or self.unsaved:
             self.save()
 
     def _on_exit(self, c: Child, now: float, reason: str | None = None) -> None:
@@ -409,7 +425,7 @@ class Supervisor:
                     _log(f"stopping {c.spec.name} pid {c.popen.pid}")
                     c.signal(signal.SIGTERM)
                     c.status = ProcStatus.STOPPING
-                    c.deadline = time.monotonic() + self.cfg.supervisor.stop_timeout
+                    c.deadline = time.monotonic() + self.stop_timeout
                 elif c.status != ProcStatus.STOPPED:
                     c.status = ProcStatus.STOPPED
             self.save()
@@ -418,7 +434,7 @@ class Supervisor:
                 for c in group:
                     if c.alive and now >= c.deadline:
                         _log(f"{c.spec.name} still running after "
-                             f"{self.cfg.supervisor.stop_timeout:g}s; sending SIGKILL")
+                             f"{self.stop_timeout:g}s; sending SIGKILL")
                         c.signal(signal.SIGKILL)
                         c.deadline = now + 3600
                 time.sleep(TICK / 2)
@@ -510,6 +526,12 @@ class Supervisor:
         if op == "restart":
             return self.restart(str(req.get("name")))
         if op == "stop":
+            t = req.get("timeout")
+            if t is not None:
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 \
+                        or not math.isfinite(t):
+                    return {"ok": False, "error": f"stop timeout must be a number > 0, got {t!r}"}
+                self.stop_timeout = float(t)
             self.terminate = True
             return {"ok": True}
         return {"ok": False, "error": f"unknown op {op!r}"}

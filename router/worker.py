@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import queue
 import socket
 import sys
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", default=None, help="Prometheus bind host (default: the listen host)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="drain and exit when the parent process goes away")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="with --exit-with-parent: the parent's pid (default: the parent at start); "
+                        "a router that finds another parent exits at once")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -77,11 +81,14 @@ def _setup_logging(level: str) -> None:
 
 
 def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port: bool = False,
-          ready=None, parent_watch: bool = False) -> int:
+          ready=None, parent_watch: bool = False, parent: int | None = None) -> int:
     """Run one router process on ``address`` until SIGTERM; report readiness on ``ready``."""
     stop = stop_event_on_signals(log)
     if parent_watch or args.exit_with_parent:
-        watch_parent(stop, logger=log)
+        # A spawned router process (parent_watch) watches the router that spawned it.
+        watch_parent(stop, logger=log, parent=parent if parent_watch else args.parent_pid)
+        if stop.is_set():
+            return 0
     host = address.rsplit(":", 1)[0]
     try:
         cluster_map = cmap.load(args.cluster_map)
@@ -120,9 +127,10 @@ def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port:
     return 0
 
 
-def _child(args: argparse.Namespace, address: str, index: int, ready) -> None:
+def _child(args: argparse.Namespace, address: str, index: int, ready, parent: int) -> None:
     _setup_logging(args.log_level)
-    sys.exit(serve(args, address, index=index, reuse_port=True, ready=ready, parent_watch=True))
+    sys.exit(serve(args, address, index=index, reuse_port=True, ready=ready, parent_watch=True,
+                   parent=parent))
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -141,7 +149,9 @@ def supervise(args: argparse.Namespace) -> int:
     """Run ``args.processes`` spawned router processes on one port (see the module doc)."""
     stop = stop_event_on_signals(log)
     if args.exit_with_parent:
-        watch_parent(stop, logger=log)
+        watch_parent(stop, logger=log, parent=args.parent_pid)
+        if stop.is_set():
+            return 0
     host, _, port_text = args.listen.rpartition(":")
     try:
         cmap.load(args.cluster_map)  # fail fast, in one place, before spawning anything
@@ -157,7 +167,7 @@ def supervise(args: argparse.Namespace) -> int:
     started: dict[int, float] = {}
 
     def start(i: int) -> None:
-        p = ctx.Process(target=_child, args=(args, address, i, ready), name=f"router-{i}", daemon=False)
+        p = ctx.Process(target=_child, args=(args, address, i, ready, os.getpid()), name=f"router-{i}", daemon=False)
         p.start()
         procs[i] = p
         started[i] = time.monotonic()

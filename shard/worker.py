@@ -66,6 +66,9 @@ def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", default=None, help="Prometheus bind host (default: the listen host)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="drain and exit when the parent process goes away (for supervisors and tests)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="with --exit-with-parent: the parent's pid (default: the parent at start); "
+                        "a shard that finds another parent exits at once")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -122,9 +125,20 @@ def wait_for_stop(stop: threading.Event, poll: float = 0.2) -> None:
         pass
 
 
-def watch_parent(stop: threading.Event, interval: float = 0.5, logger: logging.Logger = log) -> None:
-    """Set ``stop`` when this process's parent changes (it died and we were re-parented)."""
-    parent = os.getppid()
+def watch_parent(stop: threading.Event, interval: float = 0.5, logger: logging.Logger = log,
+                 parent: int | None = None) -> None:
+    """Set ``stop`` when this process's parent is gone (it died and we were re-parented).
+
+    ``parent``: the pid the parent must have (the supervisor passes its own with
+    ``--parent-pid``); default the parent now. Checked at once too, so a parent that died
+    before this call (while this process was still importing, ~1 s) is not mistaken for init
+    or a subreaper being the parent all along."""
+    if parent is None:
+        parent = os.getppid()
+    elif os.getppid() != parent:
+        logger.warning("parent process %d is gone: draining", parent)
+        stop.set()
+        return
 
     def run():
         while not stop.wait(interval):
@@ -147,7 +161,9 @@ def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str =
     limits = Limits(max_value_bytes=args.max_value_bytes)
     stop = stop_event_on_signals()
     if args.exit_with_parent:
-        watch_parent(stop)
+        watch_parent(stop, parent=args.parent_pid)
+        if stop.is_set():
+            return 0  # the parent died while this process started: serve nothing
     raise_open_file_limit()
 
     try:

@@ -218,7 +218,16 @@ def cmd_stop(args, out=None) -> int:
 
     if cs.pid_alive(sup.get("pid"), sup.get("create_time")):
         _say(args, f"stopping the cluster in {data_dir} (supervisor pid {sup['pid']})")
-        os.kill(sup["pid"], signal.SIGTERM)
+        asked = False
+        if getattr(args, "timeout", None) and sup.get("control"):
+            # The supervisor is told the timeout: it, not this command, SIGKILLs what outlives it.
+            try:
+                asked = control_request(sup["control"], {"op": "stop", "timeout": stop_timeout}
+                                        ).get("ok", False)
+            except OSError:
+                asked = False
+        if not asked:
+            os.kill(sup["pid"], signal.SIGTERM)
         # The supervisor stops the router, then the shards, each within stop_timeout.
         if not _wait_gone(sup["pid"], sup.get("create_time"), 2 * stop_timeout + 10):
             _say(args, f"supervisor pid {sup['pid']} did not exit; sending SIGKILL")
