@@ -14,6 +14,7 @@ JSON). Pure apart from reading the file; thread-safe.
 from __future__ import annotations
 
 import importlib.resources
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, replace
@@ -213,8 +214,8 @@ class _Section:
         v = self.raw(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, f"must be a number, got {_type_name(v)} {v!r}")
-        if v < lo or (positive and v <= 0):
-            self.fail(key, f"must be {'>' if positive else '>='} {lo}, got {v}")
+        if not math.isfinite(v) or v < lo or (positive and v <= 0):
+            self.fail(key, f"must be a finite number {'>' if positive else '>='} {lo}, got {v}")
         return float(v)
 
     def size(self, key: str, minimum: int = 0) -> int:
@@ -424,7 +425,15 @@ def _check_ports(cfg: ClusterConfig) -> None:
         seen[port] = who
 
     claim(cfg.router.port, "[router] listen")
-    claim(cfg.router.metrics_port, "[router] metrics_port")
+    if cfg.router.metrics_port:  # router process i serves metrics on metrics_port + i
+        last = cfg.router.metrics_port + cfg.router.processes - 1
+        if last > 65535:
+            raise ConfigError(f"config {cfg.source}: [router] metrics_port: "
+                              f"{cfg.router.processes} router processes need ports "
+                              f"{cfg.router.metrics_port}..{last}, past 65535")
+        for i in range(cfg.router.processes):
+            claim(cfg.router.metrics_port + i, "[router] metrics_port" + (
+                f" (+{i}, router process {i})" if i else ""))
     for s in cfg.shards:
         claim(s.port, f"shard {s.index} listen")
         claim(s.metrics_port, f"shard {s.index} metrics_port")

@@ -48,8 +48,9 @@ def port_is_free(host: str, port: int) -> bool:
 def busy_ports(cfg: ClusterConfig) -> list[tuple[str, str, int]]:
     """[(who, host, port)] of every configured non-zero port that is taken."""
     wanted = [("router", cfg.router.host, cfg.router.port)]
-    if cfg.router.metrics_port:
-        wanted.append(("router metrics", cfg.router.host, cfg.router.metrics_port))
+    for i in range(cfg.router.processes if cfg.router.metrics_port else 0):
+        who = "router metrics" + (f" (router process {i})" if i else "")
+        wanted.append((who, cfg.router.host, cfg.router.metrics_port + i))
     for s in cfg.shards:
         wanted.append((s.name, s.host, s.port))
         if s.metrics_port:

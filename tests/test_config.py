@@ -87,7 +87,7 @@ def test_explicit_shards_with_slot_ranges():
     ("[[shard]]\nslots = [0, 10]\n[[shard]]\nslots = [11, 100]", "must end at 16383"),
     ("[[shard]]\nslots = [0, 10]\n[[shard]]\n", "[shard 1] slots: missing"),
     ("[shards]\ncount = 3\n[[shard]]\n[[shard]]\n", "count: is 3 but there are 2"),
-    ("[supervisor]\nstart_timeout = 0", "start_timeout: must be > 0"),
+    ("[supervisor]\nstart_timeout = 0", "start_timeout: must be a finite number > 0"),
     ("[limits]\nmax_key_size = 10", "[limits] max_key_size: unknown option"),
     ("[cluster\n", "invalid TOML"),
     ("[router]\nworkers = 0", "[router] workers: must be in 1..1024, got 0"),

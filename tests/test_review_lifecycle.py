@@ -2,8 +2,8 @@
 status`` (router/cli/lifecycle.py, router/cli/status.py), the supervisor (router/supervisor.py
 and its helpers) and the deploy/ units.
 
-Strict xfails are findings (each reason says what is wrong); the plain tests pin behaviour that
-was checked and held, and that no other module covers. Every cluster here is real (a
+The findings' tests (each comment says what was wrong; all fixed in session 5) and the plain
+tests pin behaviour that was checked and held, and that no other module covers. Every cluster here is real (a
 supervisor, shards and a router on 127.0.0.1, ports chosen at start), in a temporary
 directory, and stopped by a finalizer registered before it starts: ``cluster stop``, then
 SIGKILL of every pid the state file records and of every process left in a supervisor's
@@ -121,7 +121,7 @@ def lab(tmp_path, request):
 
 
 # ---------------------------------------------------------------------------------------------
-# Findings (strict xfails)
+# Findings (were strict xfails; fixed)
 # ---------------------------------------------------------------------------------------------
 
 def _events(fd: int, limit: float = 60.0):
@@ -136,15 +136,14 @@ def _events(fd: int, limit: float = 60.0):
             yield json.loads(line)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a shard spawned less than ~1 s before its supervisor is SIGKILLed is orphaned for good: "
-    "shard/worker.py watch_parent() records os.getppid() only once the thread starts, after "
-    "the imports, when the parent is already init; it then waits for a change that never "
-    "comes. Such an orphan holds the shard's LOCK and serves; the state file (saved only after "
-    "the whole group is spawned) may not even record its pid, so `cluster status` says "
-    "stopped, `cluster stop` says already stopped and the next `cluster start` fails on the "
-    "engine lock. Fix: PR_SET_PDEATHSIG in the child (and a --parent-pid to compare against, "
-    "for a parent that died before prctl), and save the state right after each spawn"))
+# Fixed in session 5 (was a strict xfail): a shard spawned less than ~1 s before its supervisor is
+# SIGKILLed is orphaned for good: shard/worker.py watch_parent() records os.getppid() only once
+# the thread starts, after the imports, when the parent is already init; it then waits for a
+# change that never comes. Such an orphan holds the shard's LOCK and serves; the state file
+# (saved only after the whole group is spawned) may not even record its pid, so `cluster status`
+# says stopped, `cluster stop` says already stopped and the next `cluster start` fails on the
+# engine lock. Fixed: the supervisor passes --parent-pid and a child that finds another parent
+# when its watch starts exits at once; the state is saved right after each spawn
 def test_a_shard_spawned_just_before_the_supervisor_is_killed_does_not_outlive_it(tmp_path):
     (tmp_path / "cluster.toml").write_text(conf_text(stop_timeout=2.0))
     r, w = os.pipe()
@@ -180,13 +179,12 @@ def test_a_shard_spawned_just_before_the_supervisor_is_killed_does_not_outlive_i
             sup.wait()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "one failed write of the state file tears the whole cluster down: Supervisor.run's loop "
-    "catches the exception of save() (here on the restart of a crashed shard) and calls "
-    "_shutdown(), whose own save() raises again, so the supervisor dies with a traceback and "
-    "every healthy shard and the router exit with it (a full data disk turns 'writes fail' "
-    "into 'nothing is served'). Fix: save() logs and keeps going (retry on the next change); "
-    "_shutdown stops the children even when saving fails"))
+# Fixed in session 5 (was a strict xfail): one failed write of the state file tears the whole
+# cluster down: Supervisor.run's loop catches the exception of save() (here on the restart of a
+# crashed shard) and calls _shutdown(), whose own save() raises again, so the supervisor dies
+# with a traceback and every healthy shard and the router exit with it (a full data disk turns
+# 'writes fail' into 'nothing is served'). Fix: save() logs and keeps going (retry on the next
+# change); _shutdown stops the children even when saving fails
 def test_a_state_file_that_cannot_be_written_does_not_stop_the_cluster(lab):
     c = lab(conf_text(shards=2))
     c.start()
@@ -206,13 +204,12 @@ def test_a_state_file_that_cannot_be_written_does_not_stop_the_cluster(lab):
         os.rmdir(blocker)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`cluster stop --timeout T` ('seconds before SIGKILL') never reaches the supervisor, which "
-    "waits the config's stop_timeout per group; the CLI gives it only 2*T+10 s and then "
-    "SIGKILLs the supervisor itself, so a hung shard is killed after ~2*T+10+T s instead of "
-    "T, and the processes the supervisor was stopping are left to the CLI unrecorded. Fix: "
-    "send the timeout with a 'stop' request on the control socket (or SIGKILL the recorded "
-    "processes from the CLI after T)"))
+# Fixed in session 5 (was a strict xfail): `cluster stop --timeout T` ('seconds before SIGKILL')
+# never reaches the supervisor, which waits the config's stop_timeout per group; the CLI gives it
+# only 2*T+10 s and then SIGKILLs the supervisor itself, so a hung shard is killed after
+# ~2*T+10+T s instead of T, and the processes the supervisor was stopping are left to the CLI
+# unrecorded. Fix: send the timeout with a 'stop' request on the control socket (or SIGKILL the
+# recorded processes from the CLI after T)
 def test_stop_timeout_flag_is_what_the_supervisor_waits_before_sigkill(lab):
     c = lab(conf_text(stop_timeout=30.0))
     c.start()
@@ -225,12 +222,11 @@ def test_stop_timeout_flag_is_what_the_supervisor_waits_before_sigkill(lab):
     assert "killed by SIGKILL after stop timeout" in line
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/config.py _Section.number accepts nan for every [supervisor] duration (nan < lo "
-    "is false); `cluster start` with start_timeout = nan then fails with 'internal error: "
-    "ValueError: Invalid value NaN' and exit 1 (select() timeout) instead of a config error "
-    "(exit 2), and restart_delay = nan leaves a crashed process in 'backoff' forever. Fix: "
-    "reject non-finite numbers in _Section.number (math.isfinite)"))
+# Fixed in session 5 (was a strict xfail): router/config.py _Section.number accepts nan for every
+# [supervisor] duration (nan < lo is false); `cluster start` with start_timeout = nan then fails
+# with 'internal error: ValueError: Invalid value NaN' and exit 1 (select() timeout) instead of a
+# config error (exit 2), and restart_delay = nan leaves a crashed process in 'backoff' forever.
+# Fix: reject non-finite numbers in _Section.number (math.isfinite)
 @pytest.mark.parametrize("option", ["start_timeout", "stop_timeout", "restart_delay",
                                     "restart_window"])
 def test_nan_supervisor_durations_are_config_errors(option):
@@ -251,13 +247,12 @@ def _port_pair() -> int:
     raise AssertionError("no two adjacent free ports")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router process i of [router] processes = N serves metrics on metrics_port + i "
-    "(router/worker.py), but config._check_ports claims only metrics_port, so a shard "
-    "metrics port inside that range passes `config check` and the cluster then fails to start "
-    "(router exit 1, reported with the router's last log line, e.g. 'received SIGTERM: "
-    "draining', not the cause). Fix: claim metrics_port .. metrics_port + processes - 1 in "
-    "_check_ports"))
+# Fixed in session 5 (was a strict xfail): router process i of [router] processes = N serves
+# metrics on metrics_port + i (router/worker.py), but config._check_ports claims only
+# metrics_port, so a shard metrics port inside that range passes `config check` and the cluster
+# then fails to start (router exit 1, reported with the router's last log line, e.g. 'received
+# SIGTERM: draining', not the cause). Fix: claim metrics_port .. metrics_port + processes - 1 in
+# _check_ports
 def test_router_metrics_ports_of_every_router_process_are_checked_for_overlap():
     p = 9100
     with pytest.raises(config.ConfigError, match=str(p + 1)):
@@ -265,12 +260,11 @@ def test_router_metrics_ports_of_every_router_process_are_checked_for_overlap():
                      f'[shards]\nmetrics_base_port = {p + 1}\n')
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "preflight.busy_ports checks only the router's metrics_port, not metrics_port + i of "
-    "router processes 1..N-1: a port taken there is not a conflict (exit 6 naming the port) "
-    "but a failed start (exit 1) whose message quotes the router's last log line ('received "
-    "SIGTERM: draining' or 'router process 0 drained'; 'Address already in use' is lines "
-    "earlier). Fix: check every metrics_port + i in busy_ports"))
+# Fixed in session 5 (was a strict xfail): preflight.busy_ports checks only the router's
+# metrics_port, not metrics_port + i of router processes 1..N-1: a port taken there is not a
+# conflict (exit 6 naming the port) but a failed start (exit 1) whose message quotes the router's
+# last log line ('received SIGTERM: draining' or 'router process 0 drained'; 'Address already in
+# use' is lines earlier). Fix: check every metrics_port + i in busy_ports
 def test_a_taken_metrics_port_of_a_second_router_process_is_a_conflict(lab):
     p = _port_pair()
     c = lab(conf_text(router=f"processes = 2\nmetrics_port = {p}"))
