@@ -279,9 +279,9 @@ class Supervisor:
     def _start_cluster(self) -> None:
         cfg = self.cfg
         try:
-            preflight.check_layout(cfg)
             cfg = preflight.resolve_ports(cfg)
             preflight.check_ports(cfg)
+            preflight.check_layout(cfg)  # last: a first start records the layout
         except preflight.PreflightError as exc:
             raise StartFailure(str(exc), exc.kind) from None
         self.cfg = cfg
