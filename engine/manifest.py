@@ -37,6 +37,7 @@ Opening a DB, in order::
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -109,7 +110,13 @@ class Manifest:
         path = os.path.join(dirname, name)
         m = cls(fs, dirname, max_manifest_bytes=max_manifest_bytes, read_only=read_only)
         m.manifest_number = filenames.parse_file_name(name)[1]
-        result = read_log(fs, path)
+        try:
+            result = read_log(fs, path)
+        except StorageIOError as exc:
+            if exc.errno == errno.ENOENT:  # LevelDB: "CURRENT points to a non-existent file"
+                raise CorruptionError(f"CURRENT names {name}, which does not exist",
+                                      path=filenames.current_file_name(dirname)) from None
+            raise
         if not result.records:
             raise CorruptionError("manifest holds no complete record", path=path, offset=0)
         seen = set()
@@ -136,10 +143,13 @@ class Manifest:
             raise CorruptionError(f"manifest never records {sorted(missing)}", path=path)
         m.current = version
         m.recovered_torn_bytes = result.dropped_bytes
-        # Never hand out a number that is already in use.
+        # Never hand out a number that is already in use: not by the version, and not by a
+        # file a crash left behind (outputs of a compaction whose edit was never written use
+        # numbers past the last recorded next_file_number; a new log must not share one).
+        on_disk = max((n for _, n, _ in filenames.list_files(fs, dirname)), default=0)
         m.next_file_number = max(
             m.next_file_number, m.manifest_number + 1, m.log_number + 1,
-            max(version.live_numbers(), default=0) + 1,
+            max(version.live_numbers(), default=0) + 1, on_disk + 1,
         )
         if not read_only:
             with m._mu:
@@ -251,6 +261,11 @@ class Manifest:
             if self._writer is not None:
                 self._writer.close()
             self._closed = True
+
+    @property
+    def failed(self) -> bool:
+        """A write of the manifest failed: it refuses every edit until the DB is reopened."""
+        return self._failed is not None
 
     # -- internals (REQUIRES: self._mu held, or the object not yet shared) -------------------
     def _check_writable(self) -> None:

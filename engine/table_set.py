@@ -23,9 +23,11 @@ thread holds, forever.
 
 from __future__ import annotations
 
+import errno
 import queue
 import threading
 
+from .errors import CorruptionError, StorageIOError
 from .filenames import table_file_name
 from .sstable import Table
 
@@ -57,9 +59,14 @@ class TableSet:
             t = self._tables.get(number)
             if t is not None:
                 return t
-        t = Table.open(self._fs, table_file_name(self._dirname, number), file_number=number,
-                       block_cache=self._block_cache, residency=self._residency,
-                       mmap_reads=self._mmap_reads)
+        path = table_file_name(self._dirname, number)
+        try:
+            t = Table.open(self._fs, path, file_number=number, block_cache=self._block_cache,
+                           residency=self._residency, mmap_reads=self._mmap_reads)
+        except StorageIOError as exc:
+            if exc.errno == errno.ENOENT:  # the version names it: the DB lost a file
+                raise CorruptionError("a table the manifest lists is missing", path=path) from None
+            raise
         with self._lock:
             have = self._tables.get(number)
             if have is not None:  # another thread opened it meanwhile

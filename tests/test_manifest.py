@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engine import filenames as fn
-from engine.errors import ClosedError, CorruptionError, InvalidArgumentError, StorageIOError
+from engine.errors import ClosedError, CorruptionError, InvalidArgumentError
 from engine.manifest import Manifest, obsolete_files
 from engine.vfs import FileSystem
 from engine.version_edit import FileMeta, VersionEdit
@@ -118,7 +118,9 @@ def test_torn_first_record_and_bad_current(fs, tmp_path):
     with pytest.raises(CorruptionError, match="no complete record"):
         Manifest.recover(fs, d)
     fn.set_current_file(fs, d, 77)
-    with pytest.raises(StorageIOError):  # CURRENT names a manifest that does not exist
+    # CURRENT names a manifest that does not exist: corruption (LevelDB's "CURRENT points to
+    # a non-existent file"), not an I/O error.
+    with pytest.raises(CorruptionError, match="MANIFEST-000077, which does not exist"):
         Manifest.recover(fs, d)
 
 
