@@ -17,10 +17,23 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   DB's jobs are cancelled (killed) and their half-written tables removed.
 - A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
   writes are refused with the error, reads go on, reopening recovers.
+
+Full disk (RocksDB's auto-recovery from NoSpace): a job that fails with ENOSPC or EDQUOT while
+the manifest is intact lost nothing (its partial tables are removed; the memtable and its log,
+or the compaction's inputs, are untouched), so it is retried:
+- a failed flush puts the DB in a *recoverable* failed state: writes are refused with the
+  ENOSPC error (each refused write first asks for one more try and waits for it, at most
+  RETRY_WAIT_S, so a write made once space is back goes through), and the flush thread tries
+  again after RETRY_FIRST_S, doubling up to RETRY_MAX_S; the first flush that succeeds ends
+  the state;
+- a failed compaction leaves writes alone (they fail on their own if the log cannot grow, or
+  stall at the L0 triggers) and the compaction thread tries again after the same backoff.
+Any other failure, or ENOSPC once the manifest has failed, is fatal as above.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 
 from . import filenames
@@ -64,28 +77,81 @@ class RunningCompaction:
                 "seconds": round(time.monotonic() - self.started, 3)}
 
 
+RETRY_FIRST_S = 1.0
+"""Full disk: seconds before a failed job is first tried again (module docstring)."""
+RETRY_MAX_S = 30.0
+"""Full disk: the longest wait between tries."""
+RETRY_WAIT_S = 5.0
+"""Full disk: how long a refused write waits for the try it asked for."""
+RETRY_MIN_GAP_S = 0.1
+"""Full disk: tries asked for by writes come at most this often."""
+
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
 class Background:
     """Flush and compaction for DB (mixin). REQUIRES the attributes DB._init sets."""
 
     _running: RunningCompaction | None = None  # the compaction in progress, for stats()
 
+    def _full_disk(self, exc: BaseException) -> bool:
+        """``exc`` is a full disk that a retry may get past (module docstring, "Full disk")."""
+        return (isinstance(exc, OSError) and getattr(exc, "errno", None) in _FULL_DISK
+                and not self._manifest.failed)
+
     def _flush_loop(self) -> None:
+        delay = RETRY_FIRST_S
+        last_try = 0.0
         while True:
             with self._mu:
                 while not self._closing and self._bg_error is None and not self._frozen:
                     self._bg_cv.wait()
-                if self._closing or self._bg_error is not None:
+                if self._closing or (self._bg_error is not None and not self._bg_recoverable):
                     return
+                if self._bg_error is not None:  # full disk: wait for the backoff or a writer
+                    end = time.monotonic() + delay
+                    while not self._closing and self._bg_recoverable and self._bg_error is not None:
+                        now = time.monotonic()
+                        if self._retry_now and now - last_try >= RETRY_MIN_GAP_S:
+                            break
+                        if now >= end:
+                            break
+                        wake = end if not self._retry_now else min(end, last_try + RETRY_MIN_GAP_S)
+                        self._bg_cv.wait(max(0.0, wake - now))
+                    if self._closing or (self._bg_error is not None and not self._bg_recoverable):
+                        return
+                    self._retry_now = False
+                if not self._frozen:
+                    continue
                 mem = self._frozen[-1]
+            last_try = time.monotonic()
             try:
                 self._flush_memtable(mem)
             except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
                 with self._mu:
-                    if not isinstance(exc, Cancelled) and self._bg_error is None:
-                        self._bg_error = exc
+                    self._flush_attempts += 1
+                    if isinstance(exc, Cancelled):
+                        self._bg_cv.notify_all()
+                        return
+                    full = self._full_disk(exc)
+                    if full and self._bg_error is not None and self._bg_recoverable:
+                        delay = min(delay * 2, RETRY_MAX_S)  # still full: back off further
+                    else:
+                        delay = RETRY_FIRST_S
+                    if self._set_bg_error(exc, recoverable=full):
                         self.counters.background_errors += 1
                     self._bg_cv.notify_all()
+                    if full:
+                        continue
                 return
+            with self._mu:
+                self._flush_attempts += 1
+                if self._bg_error is not None and self._bg_recoverable:
+                    self._bg_error = None  # space came back: writes go on
+                    self._bg_recoverable = False
+                    self.counters.recovered_errors += 1
+                delay = RETRY_FIRST_S
+                self._bg_cv.notify_all()
 
     def _flush_memtable(self, mem: MemTable) -> None:
         t0 = time.perf_counter()
@@ -175,10 +241,11 @@ class Background:
     # ------------------------------------------------------------------------------------
     def _compaction_loop(self) -> None:
         opts = self.options
+        delay = RETRY_FIRST_S
         while True:
             with self._mu:
                 while True:  # pick first, then wait: the version recovered at open counts
-                    if self._closing or self._bg_error is not None:
+                    if self._closing or (self._bg_error is not None and not self._bg_recoverable):
                         return
                     if not opts.disable_auto_compactions:
                         task = pick(self._version, opts)
@@ -190,10 +257,18 @@ class Background:
                     task = pick(self._version, opts)
                     if task is not None:
                         self._run_task(task)
+                delay = RETRY_FIRST_S
             except BaseException as exc:  # noqa: BLE001
                 with self._mu:
-                    if not isinstance(exc, Cancelled) and self._bg_error is None:
-                        self._bg_error = exc
+                    if not isinstance(exc, Cancelled) and self._full_disk(exc):
+                        # Full disk: nothing lost; writes go on; try again after a backoff.
+                        self.counters.background_errors += 1
+                        end = time.monotonic() + delay
+                        delay = min(delay * 2, RETRY_MAX_S)
+                        while not self._closing and time.monotonic() < end:
+                            self._bg_cv.wait(end - time.monotonic())
+                        continue
+                    if not isinstance(exc, Cancelled) and self._set_bg_error(exc):
                         self.counters.background_errors += 1
                     self._bg_cv.notify_all()
                 return

@@ -33,7 +33,9 @@ Errors: a write whose log append fails (e.g. ENOSPC) raises StorageIOError, is n
 acknowledged, and the next write starts a new log (the DB stays usable). A failed log fsync,
 a failed flush or compaction, or a failed manifest write put the DB in a *failed* state:
 writes raise StorageIOError naming the first error, reads keep working, and reopening the DB
-recovers everything acknowledged from the logs and tables.
+recovers everything acknowledged from the logs and tables. A full disk is the exception
+(engine/background.py, "Full disk"): a flush or compaction that fails with ENOSPC or EDQUOT
+while the manifest is intact is retried, and the DB takes writes again once space is back.
 
 Locks (acquire in this order): ``_compaction_lock`` (one compaction at a time),
 ``_version_lock`` (computing and installing a version), ``_mu`` (memtables, sequence numbers,
@@ -47,7 +49,7 @@ import time
 from bisect import bisect_left
 
 from . import filenames, reports
-from .background import Background
+from .background import RETRY_WAIT_S, Background
 from .block_cache import BlockCache
 from .compaction import full_task
 from .errors import ClosedError, InvalidArgumentError, SieveError, StorageIOError
@@ -101,7 +103,16 @@ class DB(Background):
         self._rs: ReadState | None = None
         self._closing = False
         self._bg_error: BaseException | None = None
+        # The failed state may be *recoverable*: a flush that failed with ENOSPC while the
+        # manifest stayed writable (engine/background.py, "Full disk"). Writes are refused
+        # while it lasts, each asking the flush thread for one more try; the first flush that
+        # succeeds clears it.
+        self._bg_recoverable = False
+        self._flush_attempts = 0  # flush attempts finished, for writers waiting on a retry
+        self._retry_now = False
         self._log_broken = False
+        self._log_sync_failed = False  # an fsync of the current log failed: close() must not
+        # sync it again (Linux may have dropped the pages and would then report success)
         self._pending_outputs: set[int] = set()
         self.counters = reports.Counters()
         self.gets = 0
@@ -139,6 +150,8 @@ class DB(Background):
         """Wait for background work in progress, sync the log, release files and the lock.
 
         Idempotent. Later calls on this DB raise ClosedError (a scan still running may too).
+        Raises StorageIOError if the final sync of the log fails (everything is released all
+        the same): unsynced writes may then be lost by a machine crash.
         """
         with self._mu:
             if self._closing:
@@ -163,14 +176,14 @@ class DB(Background):
         del rs
         for n in leftovers:  # outputs of cancelled jobs (never named by the manifest)
             self._remove_file(filenames.table_file_name(self.path, n))
+        # The log is synced whatever failed before (a flush, a compaction: its writes were
+        # acknowledged), unless its own fsync failed: then a second fsync proves nothing.
         try:
-            if self._bg_error is None:
+            if not self._log_sync_failed:
                 if self._log_broken:  # records before the failed append were acknowledged
                     log.sync_what_was_written()
                 else:
                     log.sync()
-        except SieveError:
-            pass
         finally:
             log.close()
             self._manifest.close()
@@ -387,8 +400,9 @@ class DB(Background):
                 self.counters.log_errors += 1
                 if failure == "append":
                     self._log_broken = True  # the next write switches to a new log
-                elif self._bg_error is None:
-                    self._bg_error = exc
+                else:
+                    self._log_sync_failed = True
+                    self._set_bg_error(exc)
             raise
         mu.acquire()
         self._writes += len(group)
@@ -430,13 +444,43 @@ class DB(Background):
                 self._switch_memtable()
                 force = False
 
+    def _set_bg_error(self, exc: BaseException, recoverable: bool = False) -> bool:
+        """Enter the failed state with ``exc``, unless already failed (a fatal error replaces
+        a recoverable one). True if ``exc`` is now the DB's error. REQUIRES: self._mu held."""
+        if self._bg_error is None or (self._bg_recoverable and not recoverable):
+            self._bg_error = exc
+            self._bg_recoverable = recoverable
+            return True
+        return False
+
     def _check_writable(self) -> None:
+        """Raise unless writes are allowed. In a recoverable failed state (a full disk), first
+        ask the flush thread for one more try and wait for it (at most RETRY_WAIT_S): a write
+        made once space is back succeeds. REQUIRES: self._mu held (released while waiting)."""
         if self._closing:
             raise ClosedError("DB is closed")
+        if self._bg_error is not None and self._bg_recoverable:
+            attempt = self._flush_attempts
+            self._retry_now = True
+            self._bg_cv.notify_all()
+            deadline = time.monotonic() + RETRY_WAIT_S
+            while (self._bg_error is not None and self._bg_recoverable and not self._closing
+                   and self._flush_attempts == attempt):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._bg_cv.wait(left)
+            if self._closing:
+                raise ClosedError("DB is closed")
         if self._bg_error is not None:
             err = self._bg_error
+            if self._bg_recoverable:
+                raise StorageIOError(f"DB refuses writes until a flush succeeds ({err}); it "
+                                     "retries by itself, and with each write", path=self.path,
+                                     errno_=getattr(err, "errno", None)) from err
             raise StorageIOError(f"DB refuses writes after an earlier failure ({err}); reopen it "
-                                 "to recover", path=self.path)
+                                 "to recover", path=self.path,
+                                 errno_=getattr(err, "errno", None)) from err
 
     def _switch_memtable(self) -> None:
         """Freeze the memtable, start a new one with a new log. REQUIRES: self._mu held."""
@@ -459,10 +503,10 @@ class DB(Background):
             else:
                 old.sync()
         except SieveError as exc:
-            if self._bg_error is None:
-                self._bg_error = exc
+            self._set_bg_error(exc)
         old.close()
         self._log_broken = False
+        self._log_sync_failed = False
         self._mem.freeze()
         self._frozen.insert(0, self._mem)
         self._mem = MemTable(number)
@@ -505,7 +549,18 @@ class DB(Background):
             self._check_open_for_compaction()
             task = full_task(self._version, self.options)
             if task is not None:
-                self._run_task(task, manual=True)
+                try:
+                    self._run_task(task, manual=True)
+                except SieveError as exc:
+                    # As for a background compaction: a failure the DB cannot retry (a manifest
+                    # write, corruption) puts it in its failed state, so the next write is
+                    # refused with this cause instead of failing later, away from it.
+                    if not isinstance(exc, ClosedError) and not self._full_disk(exc):
+                        with self._mu:
+                            if self._set_bg_error(exc):
+                                self.counters.background_errors += 1
+                            self._bg_cv.notify_all()
+                    raise
 
     # ------------------------------------------------------------------------------------
     # reports and helpers

@@ -60,6 +60,7 @@ class Counters:
     stops: int = 0
     stop_s: float = 0.0
     background_errors: int = 0
+    recovered_errors: int = 0  # full-disk failed states ended by a successful flush
     worker_fallbacks: int = 0
     worker_jobs: int = 0
     recovered_entries: int = 0
@@ -150,7 +151,10 @@ def stats(db) -> dict:
                           "jobs_in_process": c.worker_jobs,
                           "fallbacks_to_threads": c.worker_fallbacks},
         "background_errors": c.background_errors,
+        "recovered_errors": c.recovered_errors,
         "failed": None if db._bg_error is None else str(db._bg_error),
+        "failed_retrying": db._bg_error is not None and db._bg_recoverable,  # full disk
+
         "recovered_entries": c.recovered_entries,
         "recovered_tables": c.recovered_tables,
         "counters": asdict(c),

@@ -198,10 +198,17 @@ def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str =
 
     wait_for_stop(stop)
     serving.drain(args.drain_grace)
-    try:
-        if args.flush_on_exit:
+    code = 0
+    if args.flush_on_exit:
+        try:
             db.flush()
-    finally:
+        except SieveError as exc:  # the log still holds the writes: the next open replays it
+            log.error("shard %s: flush on exit failed (its writes stay in the log): %s", name, exc)
+            code = 1
+    try:
         db.close()
+    except SieveError as exc:
+        log.error("shard %s: close failed: %s", name, exc)
+        return 1
     log.info("shard %s drained and closed", name)
-    return 0
+    return code

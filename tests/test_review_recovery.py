@@ -1,15 +1,15 @@
 """Adversarial review of crash recovery and storage faults (issue 3, "Writes and durability").
 
-Tests marked ``xfail(strict=True)`` show a bug that is still open: each fails today and will
-pass (and then fail as XPASS, so the mark must go) once the bug is fixed. The other tests pin
-down behaviour that was checked and found correct and that no other test covered.
+The findings' tests were strict xfails; all six are fixed (session 5) and each keeps a
+comment saying what was wrong. The other tests pin down behaviour that was checked and found
+correct and that no other test covered.
 
 Faults come from engine/faultfs.py, extended here by :class:`ReviewFS` (faults chosen by file
 name, a gate that holds one kind of file operation, Linux's "fsync lost the pages" behaviour).
 Crashes are simulated there (``crash_after`` + ``crash(mode)``) or are real: child processes
 and table workers killed with SIGKILL. No engine part is mocked.
 
-Open findings (strict xfails): leftover compaction outputs share their numbers with the new
+Findings (fixed): leftover compaction outputs share their numbers with the new
 log after a reopen and survive it; close() does not sync a healthy log once a flush or
 compaction failed; a failed manual compact() leaves the DB reporting healthy; ENOSPC on a log
 append fails the DB when the outage outlasts the flush it triggers; refused writes carry errno
@@ -366,10 +366,10 @@ def test_a_crash_at_every_operation_of_writes_flushes_and_compactions(tmp_path):
         shutil.rmtree(p)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recovery hands out file numbers that leftover tables of an interrupted compaction still "
-    "use (next_file_number ignores tables on disk), so the new log gets the number of a "
-    "leftover table, and obsolete_files' pending set (not per kind) then keeps that table"))
+# Was a strict xfail, fixed in session 5: recovery hands out file numbers that leftover tables of
+# an interrupted compaction still use (next_file_number ignores tables on disk), so the new log
+# gets the number of a leftover table, and obsolete_files' pending set (not per kind) then keeps
+# that table
 def test_reopen_after_a_crash_in_a_compaction_removes_its_unreferenced_outputs(tmp_path):
     fs = ReviewFS(seed=2)
     path = str(tmp_path / "db")
@@ -487,11 +487,10 @@ def test_failed_manifest_fsync_then_restart_then_power_loss_keeps_everything(tmp
             assert dict(db.scan()) == model
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a manual DB.compact() that fails does not put the DB in its failed state (only the "
-    "background threads set _bg_error): after its manifest fsync failed, stats() reports no "
-    "failure and writes are acknowledged although the manifest refuses every edit, so the "
-    "next flush fails later, away from the cause"))
+# Was a strict xfail, fixed in session 5: a manual DB.compact() that fails does not put the DB in
+# its failed state (only the background threads set _bg_error): after its manifest fsync failed,
+# stats() reports no failure and writes are acknowledged although the manifest refuses every edit,
+# so the next flush fails later, away from the cause
 def test_a_manual_compaction_whose_manifest_fsync_failed_puts_the_db_in_its_failed_state(
         tmp_path):
     fs = ReviewFS(seed=14)
@@ -513,11 +512,10 @@ def test_a_manual_compaction_whose_manifest_fsync_failed_puts_the_db_in_its_fail
         db.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DB.close() skips the log fsync whenever the DB is in its failed state, also when the "
-    "failure was a flush or compaction and the log itself is healthy: writes acknowledged "
-    "before the failure are lost by a power loss after a clean close (db.py close(): "
-    "'if self._bg_error is None')"))
+# Was a strict xfail, fixed in session 5: DB.close() skips the log fsync whenever the DB is in its
+# failed state, also when the failure was a flush or compaction and the log itself is healthy:
+# writes acknowledged before the failure are lost by a power loss after a clean close (db.py
+# close(): 'if self._bg_error is None')
 def test_close_after_a_failed_flush_syncs_the_healthy_log(tmp_path):
     fs = ReviewFS(seed=6)
     path = str(tmp_path / "db")
@@ -553,11 +551,10 @@ def _collect(errors, fn):
 # ---------------------------------------------------------------------------------------------
 # ENOSPC in each place
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "a failed log append forces a memtable switch, and its flush runs during the same outage: "
-    "ENOSPC fails the flush, which puts the DB in its failed state until reopen, although "
-    "db.py says a failed append leaves the DB usable (the existing ENOSPC test passes only "
-    "because space comes back before the flush thread runs)"))
+# Was a strict xfail, fixed in session 5: a failed log append forces a memtable switch, and its
+# flush runs during the same outage: ENOSPC fails the flush, which puts the DB in its failed state
+# until reopen, although db.py says a failed append leaves the DB usable (the existing ENOSPC test
+# passes only because space comes back before the flush thread runs)
 def test_an_enospc_outage_that_outlasts_the_flush_it_triggers_leaves_the_db_usable(tmp_path):
     fs = ReviewFS(seed=7)
     path = str(tmp_path / "db")
@@ -579,9 +576,9 @@ def test_an_enospc_outage_that_outlasts_the_flush_it_triggers_leaves_the_db_usab
     db.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "writes refused after a background failure raise a new StorageIOError with errno 0 "
-    "(_check_writable), so a caller cannot tell a full disk (ENOSPC) from other failures"))
+# Was a strict xfail, fixed in session 5: writes refused after a background failure raise a new
+# StorageIOError with errno 0 (_check_writable), so a caller cannot tell a full disk (ENOSPC) from
+# other failures
 def test_writes_refused_after_a_background_enospc_carry_enospc(tmp_path):
     fs = ReviewFS(seed=8)
     path = str(tmp_path / "db")
@@ -752,11 +749,10 @@ def test_enospc_during_open_fails_cleanly_and_a_later_open_recovers(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Damage found at open
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "a file the DB's metadata names but the directory lacks (the manifest CURRENT names, a "
-    "live table) makes DB.open raise StorageIOError (ENOENT, gRPC INTERNAL), not "
-    "CorruptionError (DATA_LOSS) as LevelDB does ('CURRENT points to a non-existent file', "
-    "'missing files'): an operator is told of an I/O error, not of a damaged DB"))
+# Was a strict xfail, fixed in session 5: a file the DB's metadata names but the directory lacks
+# (the manifest CURRENT names, a live table) makes DB.open raise StorageIOError (ENOENT, gRPC
+# INTERNAL), not CorruptionError (DATA_LOSS) as LevelDB does ('CURRENT points to a non-existent
+# file', 'missing files'): an operator is told of an I/O error, not of a damaged DB
 @pytest.mark.parametrize("missing", ["manifest", "table"])
 def test_a_missing_file_named_by_the_db_metadata_is_corruption(tmp_path, missing):
     path = str(tmp_path / "db")

@@ -1,0 +1,147 @@
+"""A full disk is retried, not fatal (engine/background.py, "Full disk").
+
+A flush or compaction that fails with ENOSPC while the manifest is intact lost nothing, so the
+DB retries it: writes are refused (with ENOSPC) only while a flush cannot be written, and go
+on once one succeeds, without a reopen. Faults come from the fault-injecting file layer
+(ReviewFS: faults chosen by file name or by the thread that writes).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+
+from engine import DB
+from engine.errors import StorageIOError
+
+from .conftest import wait_until
+from .test_review_recovery import ReviewFS
+
+
+def _in_thread(prefix: str):
+    return lambda path: threading.current_thread().name.startswith(prefix)
+
+
+def _l0(db) -> int:
+    return db.stats()["levels"][0]["tables"]
+
+
+def test_a_flush_that_hits_a_full_disk_is_retried_by_itself_once_space_is_back(tmp_path):
+    fs = ReviewFS(seed=21)
+    path = str(tmp_path / "db")
+    db = DB.open(path, fs=fs, disable_auto_compactions=True)
+    try:
+        for i in range(200):
+            db.put(b"k%03d" % i, b"v%d" % i)
+        fs.append_fault = lambda p: p.endswith(".sst")  # tables cannot be written
+        with pytest.raises(StorageIOError) as exc:
+            db.flush()
+        assert exc.value.errno == errno.ENOSPC
+        s = db.stats()
+        assert s["failed_retrying"] is True and "No space left" in s["failed"]
+        with pytest.raises(StorageIOError) as refused:
+            db.put(b"new", b"1")  # asks for one more try, which fails too
+        assert refused.value.errno == errno.ENOSPC
+        assert "retries by itself" in str(refused.value)
+        assert db.get(b"k007") == b"v7"  # reads go on
+        fs.append_fault = None  # space is back; nobody writes: the flush thread retries
+        wait_until(lambda: db.stats()["failed"] is None, "the flush thread to retry", 60)
+        s = db.stats()
+        assert s["recovered_errors"] == 1 and s["failed_retrying"] is False
+        assert _l0(db) == 1
+        db.put(b"new", b"1")
+    finally:
+        db.close()
+    with DB.open(path) as db:
+        assert [db.get(b"k%03d" % i) for i in range(200)] == [b"v%d" % i for i in range(200)]
+        assert db.get(b"new") == b"1"
+
+
+def test_a_compaction_that_hits_a_full_disk_leaves_writes_alone_and_is_retried(tmp_path):
+    fs = ReviewFS(seed=22)
+    path = str(tmp_path / "db")
+    db = DB.open(path, fs=fs, l0_compaction_trigger=2)
+    try:
+        fs.append_fault = _in_thread("sievekv-compact")  # only compaction outputs fail
+        for r in range(2):
+            for i in range(200):
+                db.put(b"k%03d" % i, b"r%d-%d" % (r, i))
+            db.flush()
+        wait_until(lambda: db.stats()["background_errors"] >= 1, "the compaction to fail")
+        assert db.stats()["failed"] is None  # not a failed state: writes go on
+        db.put(b"during", b"1")
+        assert _l0(db) == 2
+        fs.append_fault = None
+        wait_until(lambda: _l0(db) == 0, "the compaction to be retried", 60)
+        assert db.stats()["compactions"] >= 1
+    finally:
+        db.close()
+    with DB.open(path) as db:
+        assert [db.get(b"k%03d" % i) for i in range(200)] == [b"r1-%d" % i for i in range(200)]
+        assert db.get(b"during") == b"1"
+
+
+def test_a_manual_compaction_on_a_full_disk_raises_and_leaves_the_db_writable(tmp_path):
+    fs = ReviewFS(seed=23)
+    path = str(tmp_path / "db")
+    with DB.open(path, fs=fs, disable_auto_compactions=True) as db:
+        for r in range(2):
+            for i in range(100):
+                db.put(b"k%03d" % i, b"r%d" % r)
+            db.flush()
+        fs.append_fault = lambda p: p.endswith(".sst")
+        with pytest.raises(StorageIOError) as exc:
+            db.compact()
+        assert exc.value.errno == errno.ENOSPC
+        assert db.stats()["failed"] is None
+        db.put(b"after", b"1")
+        fs.append_fault = None
+        db.compact()
+        assert _l0(db) == 0 and db.get(b"k005") == b"r1" and db.get(b"after") == b"1"
+
+
+def test_a_full_disk_under_the_manifest_is_fatal_until_reopen(tmp_path):
+    """A manifest write that failed leaves the manifest refusing every edit: no retry can
+    succeed, so the DB stays failed (and says to reopen); the reopen recovers everything."""
+    fs = ReviewFS(seed=24)
+    path = str(tmp_path / "db")
+    db = DB.open(path, fs=fs, disable_auto_compactions=True)
+    try:
+        for i in range(100):
+            db.put(b"k%03d" % i, b"v", sync=(i == 99))
+        fs.append_fault = lambda p: "MANIFEST" in p
+        with pytest.raises(StorageIOError):
+            db.flush()
+        fs.append_fault = None
+        s = db.stats()
+        assert s["failed"] is not None and s["failed_retrying"] is False
+        with pytest.raises(StorageIOError, match="reopen"):
+            db.put(b"x", b"y")
+    finally:
+        db.close()
+    with DB.open(path) as db:
+        assert all(db.get(b"k%03d" % i) == b"v" for i in range(100))
+
+
+def test_a_db_that_lost_its_current_file_is_corruption_not_a_new_empty_db(tmp_path):
+    """LevelDB would create a new DB here (MANIFEST-000001 over the old one, every table then
+    unreferenced and deleted); we refuse and name the file, and write nothing."""
+    import os
+
+    from engine.errors import CorruptionError
+
+    path = tmp_path / "db"
+    with DB.open(str(path)) as db:
+        db.put(b"k", b"v")
+        db.flush()
+    os.remove(path / "CURRENT")
+    before = sorted(os.listdir(path))
+    with pytest.raises(CorruptionError, match="CURRENT is missing"):
+        DB.open(str(path))
+    assert sorted(os.listdir(path)) == before
+    (path / "CURRENT").write_text(
+        next(n for n in before if n.startswith("MANIFEST-")) + "\n")
+    with DB.open(str(path)) as db:
+        assert db.get(b"k") == b"v"
