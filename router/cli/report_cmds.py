@@ -106,7 +106,9 @@ def cmd_stats(args) -> int:
         if lv:
             print(f"{name}: " + ", ".join(lv))
         if s.get("failed"):
-            print(f"{name}: background error: {s['failed']}")
+            how = ("writes refused until a flush succeeds (retrying)" if s.get("failed_retrying")
+                   else "writes refused until the shard restarts")
+            print(f"{name}: background error, {how}: {s['failed']}")
         running = running_compaction(s)
         if running:
             print(f"{name}: compacting {running}")
