@@ -427,6 +427,8 @@ def main() -> None:
         print(json.dumps(read_child(json.loads(args.read_child), args)))
         return
     names = args.engines.split(",")
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)  # a --dir that does not exist yet is made
     root = tempfile.mkdtemp(prefix="dbbench-", dir=args.dir)
     try:
         fills: dict = {n: [] for n in names}

@@ -62,6 +62,8 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=5000)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)  # a --dir that does not exist yet is made
     root = tempfile.mkdtemp(prefix="sievekv-readpath-", dir=args.dir)
     try:
         rng = random.Random(1)

@@ -338,6 +338,8 @@ def main() -> None:
           f"{args.misses:,} gets of absent 17-byte keys per variant; {args.rounds} round(s)")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f} at the start")
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)  # a --dir that does not exist yet is made
     root = tempfile.mkdtemp(prefix="filterbudget-", dir=args.dir)
     rounds: list[dict] = []
     try:

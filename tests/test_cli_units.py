@@ -232,3 +232,37 @@ def test_status_text_marks_dead_and_failed_processes():
     assert lines[0] == "cluster degraded: router h:1, data /d, supervisor pid 10 up 1m01s"
     assert lines[3].split()[:7] == ["shard-1", "shard", "1", "-", "h:3", "failed", "DOWN"]
     assert lines[-1] == "shard-1: last exit exit code 1"
+
+
+def test_cluster_stop_timeout_may_come_before_or_after_the_command():
+    from router.cli.app import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["--timeout", "5", "cluster", "stop"]).timeout == 5.0  # was dropped (None)
+    assert parse(["cluster", "stop", "--timeout", "4"]).timeout == 4.0
+    assert not hasattr(parse(["cluster", "stop"]), "timeout")  # the config's stop_timeout
+
+
+def test_a_final_progress_line_equal_to_the_last_one_shown_is_not_printed_twice(capsys):
+    from router.cli.progress import StatusLine
+
+    line = StatusLine(plain_every=0.0)  # stderr is not a terminal under capsys
+    line.show("loaded 2 records (4 B) in 5.8s, 0.3 records/s")
+    line.show("loaded 2 records (4 B) in 5.8s, 0.3 records/s", final=True)
+    line.show("loaded 3 records (6 B) in 5.9s, 0.5 records/s", final=True)
+    assert capsys.readouterr().err.splitlines() == [
+        "loaded 2 records (4 B) in 5.8s, 0.3 records/s",
+        "loaded 3 records (6 B) in 5.9s, 0.5 records/s"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--router", "127.0.0.1:5", "cluster", "status"], "--router does not apply to 'cluster status'"),
+    (["--timeout", "3", "cluster", "start"], "--timeout does not apply to 'cluster start'"),
+    (["--router", "127.0.0.1:5", "config", "default"], "--router does not apply to 'config default'"),
+])
+def test_an_option_before_the_command_that_the_command_does_not_take_is_refused(capsys, argv,
+                                                                                  needle):
+    """It was accepted and silently ignored (the same option after the name was refused)."""
+    code, out, err = _run(capsys, *argv)
+    assert code == USAGE and out == ""
+    assert err.strip() == f"sievekv: error: {needle}"

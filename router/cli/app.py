@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
             _common(p, router=router, timeout_help=timeout_help)
         else:
             _common(p, router=router)
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, command_parser=p)
         return p
 
     # -- cluster -------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "stop", lifecycle.cmd_stop,
                 "stop every process of the cluster (SIGTERM, then SIGKILL after the timeout)")
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", default=argparse.SUPPRESS,
                    help="seconds before SIGKILL (default: the config's stop_timeout)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "status", status.cmd_status,
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "func"):
             parser.print_help(sys.stderr)
             return USAGE
+        _check_root_options(args)
         code = args.func(args)
         sys.stdout.flush()
         return code
@@ -265,6 +266,19 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"internal error: {type(exc).__name__}: {exc} (SIEVEKV_DEBUG=1 shows the "
                f"traceback)")
         return exit_codes.ERROR
+
+
+def _check_root_options(args) -> None:
+    """An option given before the command name that the command does not take (``sievekv
+    --router H:P cluster start``) is an error, as it is after the name, not silently ignored."""
+    cmd = getattr(args, "command_parser", None)
+    if cmd is None:  # `sievekv cluster` with no action: its own usage error follows
+        return
+    takes = {a.dest for a in cmd._actions}
+    for dest in ("router", "timeout"):
+        if hasattr(args, dest) and dest not in takes:
+            raise CliError(f"--{dest} does not apply to '{cmd.prog.removeprefix('sievekv ')}'",
+                           USAGE)
 
 
 def _error(message: str) -> None:

@@ -139,8 +139,10 @@ class _Progress:
 
     def update(self, records: int, nbytes: int, final: bool = False) -> None:
         el = max(time.monotonic() - self.t0, 1e-9)
+        rate = records / el
+        rate_text = f"{rate:.1f}" if rate < 10 else format_count(int(rate))
         self.line.show(f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in "
-                       f"{el:.1f}s, {format_count(int(records / el))} records/s", final)
+                       f"{el:.1f}s, {rate_text} records/s", final)
 
     def end_line(self) -> None:
         self.line.end_line()

@@ -22,6 +22,7 @@ class StatusLine:
         self.every = tty_every if self.tty else plain_every
         self.last = time.monotonic()
         self.open_line = False  # a terminal line was written without its newline
+        self.shown: str | None = None  # the last message written
 
     def show(self, msg: str, final: bool = False) -> None:
         if self.quiet:
@@ -29,7 +30,10 @@ class StatusLine:
         now = time.monotonic()
         if not final and now - self.last < self.every:
             return
+        if final and not self.tty and msg == self.shown:
+            return  # the same line, just written: not twice
         self.last = now
+        self.shown = msg
         if self.tty:
             print(f"\r{msg}\033[K", end="\n" if final else "", file=sys.stderr, flush=True)
             self.open_line = not final

@@ -59,8 +59,10 @@ def check_router_address(address: str) -> str:
     """``address`` if it is HOST:PORT with a port in 1..65535 and an IPv6 host in brackets
     (``[::1]:50051``); ValueError (one line) if not (gRPC would fail to resolve it and the
     command would report the cluster as unreachable)."""
+    raw_host, _, port_text = address.rpartition(":")
+    if raw_host and port_text.isdigit() and not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port of {address!r} must be in 1..65535")  # 0 and 99999 alike
     host, port = split_address(address)
-    raw_host = address.rpartition(":")[0]
     bracketed = raw_host.startswith("[") and raw_host.endswith("]")
     if "[" in host or "]" in host or (":" in host and not bracketed):
         raise ValueError(f"expected host:port with an IPv6 host in brackets "
