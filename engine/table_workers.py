@@ -90,7 +90,9 @@ def _main(rfd: int, wfd: int, parent: int) -> None:
         try:
             reply = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
-            reply = ("err", type(exc).__name__, str(exc), getattr(exc, "errno", None),
+            # An OSError's message without its "[Errno N]" prefix: the parent's error adds it.
+            text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reply = ("err", type(exc).__name__, text, getattr(exc, "errno", None),
                      getattr(exc, "path", None), traceback.format_exc())
         try:
             conn_out.send(reply)
