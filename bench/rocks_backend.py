@@ -14,7 +14,7 @@ import threading
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from engine.errors import ClosedError, InvalidArgumentError
+from engine.errors import ClosedError, InvalidArgumentError, ResultTooLargeError
 
 
 class RocksBackend:
@@ -73,10 +73,13 @@ class RocksBackend:
                 wb.put(key, value)
         self._db.write(wb, self._write_options(sync))
 
-    def multi_get(self, keys):
+    def multi_get(self, keys, max_bytes=None):
         for key in keys:
             self._check(key)
-        return self._db.get(list(keys))
+        values = self._db.get(list(keys))
+        if max_bytes is not None and sum(len(v) for v in values if v is not None) > max_bytes:
+            raise ResultTooLargeError(f"the values of these keys exceed {max_bytes} bytes")
+        return values
 
     def scan(self, start=None, end=None, limit=None):
         if self._closed:

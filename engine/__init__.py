@@ -6,8 +6,8 @@
 b'v'
 """
 
-from .errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError, SieveError,
-                     StorageIOError)
+from .errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError,
+                     ResultTooLargeError, SieveError, StorageIOError)
 
 
 def __getattr__(name: str):
@@ -22,4 +22,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 __all__ = ["DB", "Options", "SieveError", "InvalidArgumentError", "CorruptionError",
-           "StorageIOError", "ClosedError", "LockedError"]
+           "StorageIOError", "ClosedError", "LockedError", "ResultTooLargeError"]

@@ -11,6 +11,7 @@ CorruptionError             DATA_LOSS           stored bytes fail a checksum or 
 StorageIOError              INTERNAL            the operating system refused an I/O call
 ClosedError                 UNAVAILABLE         the DB (or table) was already closed
 LockedError                 FAILED_PRECONDITION another process holds the directory lock
+ResultTooLargeError         RESOURCE_EXHAUSTED  an answer would exceed the byte limit asked for
 ==========================  ==================  =================================
 """
 
@@ -49,6 +50,11 @@ class StorageIOError(SieveError, OSError):
     def __init__(self, message: str, *, path: str | None = None, errno_: int | None = None):
         self.path = path
         super().__init__(errno_ or 0, message if path is None else f"{message}: {path}")
+
+
+class ResultTooLargeError(SieveError):
+    """An answer would be larger than the caller's byte limit (``DB.multi_get(max_bytes=)``);
+    raised before the whole answer is built."""
 
 
 class ClosedError(SieveError):

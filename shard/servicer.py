@@ -8,11 +8,15 @@ Thread-safe as far as the backend is (engine.DB is).
 from __future__ import annotations
 
 import json
+import threading
+
+import grpc
 
 from sievekv_proto import sievekv_pb2 as pb
 
 from .limits import Limits
 from .metrics import flatten_numbers
+from .status import StatusError
 
 SCAN_BATCH_ENTRIES = 512
 """Most entries per ScanResponse message."""
@@ -29,12 +33,19 @@ def _sync(request):
 
 
 class KVServicer:
-    """sievekv.v1.KV for the shard's own data."""
+    """sievekv.v1.KV for the shard's own data.
 
-    def __init__(self, db, limits: Limits, name: str):
+    ``max_scans``: Scan streams served at once. A stream holds a handler thread for as long as
+    its client reads (a client that stops reading holds it until its deadline), so scans past
+    the limit are refused with RESOURCE_EXHAUSTED instead of taking every thread from point
+    calls (16 unread scans stalled every Get of a 16-thread shard)."""
+
+    def __init__(self, db, limits: Limits, name: str, max_scans: int = 8):
         self.db = db
         self.limits = limits
         self.name = name
+        self.max_scans = max_scans
+        self._scans = threading.BoundedSemaphore(max_scans)
 
     def Get(self, request, context):
         key = request.key
@@ -64,7 +75,8 @@ class KVServicer:
         for key in keys:
             if not 0 < len(key) <= max_key:
                 check(key)
-        values = self.db.multi_get(keys)
+        # The values alone may not exceed the message limit: stop before building more.
+        values = self.db.multi_get(keys, max_bytes=self.limits.max_message_bytes)
         return pb.MultiGetResponse(found=[v is not None for v in values],
                                    values=[b"" if v is None else v for v in values])
 
@@ -86,7 +98,15 @@ class KVServicer:
     def Scan(self, request, context):
         self.limits.check_bound(request.start, "scan start")
         self.limits.check_bound(request.end, "scan end")
-        it = self.db.scan(request.start or None, request.end or None, request.limit or None)
+        if not self._scans.acquire(blocking=False):
+            raise StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"shard {self.name} serves at most {self.max_scans} scans at once "
+                              "(half its handler threads) and that many are open; retry later")
+        try:
+            it = self.db.scan(request.start or None, request.end or None, request.limit or None)
+        except BaseException:
+            self._scans.release()
+            raise
         try:
             keys: list[bytes] = []
             values: list[bytes] = []
@@ -101,6 +121,7 @@ class KVServicer:
             if keys:
                 yield pb.ScanResponse(keys=keys, values=values)
         finally:
+            self._scans.release()
             close = getattr(it, "close", None)
             if close is not None:
                 close()

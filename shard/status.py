@@ -10,6 +10,7 @@ InvalidArgumentError            INVALID_ARGUMENT     the message, naming the lim
 CorruptionError                 DATA_LOSS            the message, naming the file (and offset)
 ClosedError                     UNAVAILABLE          the message
 LockedError                     FAILED_PRECONDITION  the message
+ResultTooLargeError             RESOURCE_EXHAUSTED   the message (an answer over the limit)
 StorageIOError / other Sieve..  INTERNAL             the message
 any other exception             INTERNAL             one line; traceback logged server-side
 ==============================  ===================  =======================================
@@ -29,7 +30,7 @@ from typing import Callable
 import grpc
 
 from engine.errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError,
-                           SieveError)
+                           ResultTooLargeError, SieveError)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return UNAVAILABLE, one_line(str(exc) or "closed")
     if isinstance(exc, LockedError):
         return grpc.StatusCode.FAILED_PRECONDITION, one_line(str(exc))
+    if isinstance(exc, ResultTooLargeError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
     if isinstance(exc, SieveError):
         return INTERNAL, one_line(str(exc))
     return INTERNAL, one_line(f"internal error: {type(exc).__name__}: {exc}")
