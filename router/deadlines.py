@@ -2,7 +2,8 @@
 
 The router passes on what is left of the client's deadline (``context.time_remaining()``), so a
 shard never works for a client that has given up; when the client set no deadline the router
-applies a default (``--default-timeout``, and ``--admin-timeout`` for Flush/Compact).
+applies a default (``--default-timeout``, and ``--admin-timeout`` for the long calls: Scan
+streams, Flush and Compact).
 
 It keeps back a small margin of the client's deadline (:data:`MARGIN_FRACTION` of what is
 left, at most :data:`MARGIN_MAX` seconds): a shard that does not answer then fails the shard

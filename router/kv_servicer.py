@@ -6,7 +6,9 @@
   that shard's code and the per-shard WriteResponse rides in trailing metadata
   ``sievekv-write-result-bin``: ``applied = true`` is confirmed, ``applied = false`` with
   UNAVAILABLE or DEADLINE_EXCEEDED means *not known* (the shard may have applied it).
-- Scan asks every shard and merges the ordered streams (:mod:`router.merge`).
+- Scan asks every shard and merges the ordered streams (:mod:`router.merge`). A scan holds a
+  handler thread while its client reads: at most ``max_scans`` run at once (more are refused
+  with RESOURCE_EXHAUSTED) and they take no call slot.
 - Every unary shard call holds one of that shard's call slots (router/shards.py); fan-outs
   take theirs in shard order. A call for a hung shard fails at once with UNAVAILABLE naming it,
   so the handler threads stay free for the other shards; a Write is sent to no shard unless it
@@ -17,6 +19,8 @@ Thread-safe: handlers share only immutable state and thread-safe stubs.
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 
 from shard.limits import Limits
@@ -24,7 +28,7 @@ from shard.status import StatusError
 from sievekv_proto import sievekv_pb2 as pb
 
 from .cluster_map import ClusterMap
-from .deadlines import shard_timeout
+from .deadlines import NO_DEADLINE, shard_timeout
 from . import trailers
 from .merge import merged_scan
 from .shards import ShardClient, translate
@@ -38,13 +42,22 @@ def _sync(request):
 
 
 class RouterKV:
+    """``scan_timeout``: the deadline of a Scan stream whose client set none (a long scan is
+    not a hung one: scans get the long-call default, not ``default_timeout``). ``max_scans``:
+    Scan streams this process serves at once; a scan holds a handler thread for as long as its
+    client reads, so more are refused (RESOURCE_EXHAUSTED) to keep threads for point calls."""
+
     def __init__(self, cluster_map: ClusterMap, shards: list[ShardClient], limits: Limits,
-                 default_timeout: float):
+                 default_timeout: float, scan_timeout: float | None = None,
+                 max_scans: int = 16):
         self.table = cluster_map.table
         self.shards = shards
         self.limits = limits
         self.max_key = limits.max_key_bytes
         self.default_timeout = default_timeout
+        self.scan_timeout = default_timeout if scan_timeout is None else scan_timeout
+        self.max_scans = max_scans
+        self._scans = threading.BoundedSemaphore(max_scans)
 
     def _shard(self, key: bytes) -> ShardClient:
         if not 0 < len(key) <= self.max_key:
@@ -208,6 +221,21 @@ class RouterKV:
             return  # empty range: no shard needs asking (nor to be up)
         for shard in self.shards:
             shard.check_not_hung()
-        timeout = shard_timeout(context, self.default_timeout)
-        calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
-        yield from merged_scan(calls, request.limit)
+        remaining = context.time_remaining()
+        defaulted = remaining is None or remaining > NO_DEADLINE  # the client set none
+        timeout = shard_timeout(context, self.scan_timeout)
+        if not self._scans.acquire(blocking=False):
+            raise StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the router serves at most {self.max_scans} scans at once (half "
+                              f"its handler threads) and that many are open; retry later")
+        try:
+            calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
+            yield from merged_scan(calls, request.limit)
+        except StatusError as exc:
+            if defaulted and exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StatusError(exc.code, f"scan stopped after {self.scan_timeout:g} s, the "
+                                  "router's deadline for scans whose client sets none "
+                                  "(--admin-timeout); set a longer deadline on the call") from None
+            raise
+        finally:
+            self._scans.release()

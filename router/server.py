@@ -49,8 +49,9 @@ def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limit
                          max_calls_per_shard: int | None = None) -> tuple[Serving, int]:
     """Build a router for ``cluster_map`` bound to ``address``; return ``(serving, port)``.
 
-    ``default_timeout`` (data calls) and ``admin_timeout`` (Flush/Compact) apply when the
-    client sets no deadline; otherwise the client's remaining time is passed to the shards.
+    ``default_timeout`` (unary data calls) and ``admin_timeout`` (Scan streams, Flush,
+    Compact) apply when the client sets no deadline; otherwise the client's remaining time is
+    passed to the shards. At most half of ``max_workers`` Scan streams are served at once.
     ``max_calls_per_shard``: reads, and as many writes, one shard may have waiting on it
     (router/shards.py, call slots); default a quarter of ``max_workers`` each, so a shard that
     stops answering holds at most half the handler threads and the others keep serving the
@@ -65,7 +66,9 @@ def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limit
     shards = [ShardClient(spec, limits, max_calls_per_shard) for spec in cluster_map.shards]
     guard = Guard("router", metrics)
     pbg.add_KVServicer_to_server(
-        guard.wrap(RouterKV(cluster_map, shards, limits, default_timeout), KV_SERVICE), server)
+        guard.wrap(RouterKV(cluster_map, shards, limits, default_timeout,
+                            scan_timeout=admin_timeout, max_scans=max(1, max_workers // 2)),
+                   KV_SERVICE), server)
     pbg.add_AdminServicer_to_server(
         guard.wrap(RouterAdmin(cluster_map, shards, default_timeout, admin_timeout), ADMIN_SERVICE),
         server)

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="deadline (s) of shard calls when the client sets none")
     p.add_argument("--admin-timeout", type=float, default=DEFAULT_ADMIN_TIMEOUT,
-                   help="deadline (s) of Flush/Compact when the client sets none")
+                   help="deadline (s) of long calls (Scan streams, Flush, Compact) when the "
+                        "client sets none")
     p.add_argument("--drain-grace", type=float, default=10.0,
                    help="seconds in-flight calls get to finish on SIGTERM")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="handler threads per process")

@@ -116,7 +116,9 @@ class KVServicer:
 
     def Scan(self, request, context):
         """Entries with start <= key < end in key order (across all shards through the router),
-        at most `limit` of them, several entries per message.
+        at most `limit` of them, several entries per message. A stream holds a server thread for
+        as long as its client reads it; a router gives a scan whose client set no deadline its
+        long-call default (--admin-timeout, 600 s).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
