@@ -10,8 +10,11 @@ whole cluster) or to one shard (its data only); both serve the same services.
 
 Every method takes ``timeout`` (seconds, the call's whole budget including retries; default
 ``Client.timeout``). Reads (get, multi_get, scan, stats, filter_report, cluster_info) are
-retried on UNAVAILABLE with exponential backoff (``retries`` times at most, delays
-``backoff * 2**i`` capped at ``max_backoff``, never past the deadline); a scan that fails
+retried on UNAVAILABLE, and on a CANCELLED this client did not cause (a server stopping
+cancels the calls it had received but not started), with exponential backoff (``retries``
+times at most, delays ``backoff * 2**i`` capped at ``max_backoff``, never past the
+deadline; the defaults span ~1.3-2.6 s, longer than a channel's 2 s reconnect backoff, so
+a read outlives a process restart); a scan that fails
 mid-way resumes after the last key it yielded; a multi_get whose answer is over the message
 limit (large values) is asked again in halves. Writes are not retried: the caller decides
 (a Put is idempotent, but a Write spanning shards may have applied in part). Errors are
@@ -37,6 +40,9 @@ from .admin_servicer import ADMIN_RESULT_TRAILER
 from .kv_servicer import WRITE_RESULT_TRAILER
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+RETRYABLE = (UNAVAILABLE, grpc.StatusCode.CANCELLED)
+"""Codes a read is retried on. A blocking call is never cancelled by this client, and a scan
+only once it has stopped reading, so a CANCELLED comes from the server's side."""
 
 
 def to_client_error(exc: grpc.RpcError) -> errors.ClientError:
@@ -90,7 +96,7 @@ def _check_timeout(timeout, least: str = "> 0") -> float:
 class Client:
     """A connection (one gRPC channel) to a router or a shard. See the module docstring."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 3,
+    def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 6,
                  backoff: float = 0.05, max_backoff: float = 1.0,
                  max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
         self.address = address
@@ -137,7 +143,7 @@ class Client:
             try:
                 return method(request, timeout=max(deadline - time.monotonic(), 0.0))
             except grpc.RpcError as exc:
-                if exc.code() is UNAVAILABLE and next(delays, False) is None:
+                if exc.code() in RETRYABLE and next(delays, False) is None:
                     continue
                 raise to_client_error(exc) from None
 
@@ -193,8 +199,8 @@ class Client:
     def scan(self, start: bytes | None = None, end: bytes | None = None, limit: int | None = None,
              *, timeout: float | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` with start <= key < end in key order, at most ``limit``. Resumes
-        after the last yielded key when the stream fails with UNAVAILABLE (within retries):
-        the resumed scan starts *at* that key (its successor ``key + b"\\x00"`` would be over
+        after the last yielded key when the stream fails with UNAVAILABLE or CANCELLED (within
+        retries): the resumed scan starts *at* that key (its successor ``key + b"\\x00"`` would be over
         the key limit after a maximal key) and skips it."""
         deadline = self._deadline(timeout)
         delays = self._delays(deadline)
@@ -218,7 +224,7 @@ class Client:
                                 return
                 return
             except grpc.RpcError as exc:
-                if exc.code() is UNAVAILABLE and next(delays, False) is None:
+                if exc.code() in RETRYABLE and next(delays, False) is None:
                     continue
                 raise to_client_error(exc) from None
             finally:

@@ -6,7 +6,11 @@ Draining (``Serving.drain``), in order:
 2. the guards refuse every new call with UNAVAILABLE (the server still answers, so health
    checks see NOT_SERVING and clients get a clear refusal rather than a closed port);
 3. in-flight calls finish: the drain waits until the guards count none (``grace`` seconds at
-   most), then stops the server, cancelling whatever is still running;
+   most), then stops the server: it stops taking connections and calls at once (clients see
+   UNAVAILABLE and reconnect elsewhere), and the calls gRPC had already received but not yet
+   given to a handler are still handed to the guards, which refuse them with UNAVAILABLE (the
+   rest of the grace, at least 0.5 s); only what is still running after that is cancelled
+   (stopping with a shorter grace cancelled those queued calls: clients saw CANCELLED);
 then the owner closes its resources (the shard flushes and closes its engine).
 """
 
@@ -53,7 +57,7 @@ class Serving:
         deadline = time.monotonic() + grace
         while any(g.in_flight for g in self.guards) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.stop(max(0.0, min(0.5, deadline - time.monotonic())))
+        self.stop(max(0.5, deadline - time.monotonic()))
 
     def stop(self, grace: float | None = None) -> None:
         """Stop (without the NOT_SERVING step), then run the ``on_stop`` callables."""

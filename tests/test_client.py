@@ -176,3 +176,31 @@ def test_write_batcher_bounds_each_write(server):
                 b.put(b"never", b"sent")
                 raise RuntimeError("caller failed")
         assert "Write" not in kv.calls  # a failed block sends nothing
+
+
+def test_reads_are_retried_on_a_cancelled_the_client_did_not_cause(server):
+    """A server that stops cancels the calls it had received but not started (gRPC's own
+    CANCELLED, not the caller's): reads retry it like UNAVAILABLE, writes do not."""
+    kv, address = server
+    kv.fail = 2
+    kv.code = grpc.StatusCode.CANCELLED
+    with Client(address, retries=3, backoff=0.01) as c:
+        assert c.get(b"a") == b"1"
+        assert len(kv.calls["Get"]) == 3
+        with pytest.raises(errors.ClientError) as info:
+            c.put(b"k", b"v")
+        assert info.value.code == grpc.StatusCode.CANCELLED
+        assert len(kv.calls["Put"]) == 1
+
+
+def test_default_retries_outlast_a_channels_reconnect_backoff(server):
+    """The defaults must span more than the 2 s reconnect backoff cap, or a read fails while
+    a restarted process is already serving again (seen in tests/test_chaos.py)."""
+    kv, address = server
+    kv.fail = 100
+    with Client(address, backoff=0.05, max_backoff=1.0) as c:
+        t0 = time.monotonic()
+        with pytest.raises(errors.UnavailableError):
+            c.get(b"a", timeout=30)
+    assert len(kv.calls["Get"]) == c.retries + 1 == 7
+    assert time.monotonic() - t0 >= 0.5 * (0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0)
