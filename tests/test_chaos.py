@@ -782,8 +782,18 @@ def _flood_then_drain(address: str, tag: bytes, channels: int = 4, depth: int = 
 # fix: keep the server up, refusing with UNAVAILABLE, until no call has arrived for a short
 # while (or for a fixed refusal period after NOT_SERVING) before server.stop(), and/or have the
 # router client library treat a CANCELLED it did not cause like UNAVAILABLE.
-@pytest.mark.xfail(strict=True, reason="a draining router answers calls it never ran with "
-                   "CANCELLED, not UNAVAILABLE (shard/serving.py Serving.drain)")
+#
+# Session 5: mitigated, not fixed. gRPC core itself cancels the calls it has received but not yet
+# handed to the application when the server shuts down, and grpcio offers no way to send GOAWAY
+# (so that clients stop sending) before that shutdown; under a flood some calls always land
+# in that window (7-96 of ~1,400 per drain here, before and after the drain now gives queued
+# calls the rest of its grace to be refused). What changed: router.client.Client retries reads
+# on a CANCELLED it did not cause, like UNAVAILABLE (tests/test_client.py), and the router
+# already maps a shard's CANCELLED to UNAVAILABLE. A write that fails CANCELLED stays an unknown
+# outcome for the caller.
+@pytest.mark.xfail(strict=True, reason="a draining router answers calls gRPC queued but never "
+                   "ran with CANCELLED (gRPC core, at server shutdown), not UNAVAILABLE; reads "
+                   "through router.client.Client retry it")
 def test_a_router_draining_under_load_refuses_with_unavailable_not_cancelled(procs, tmp_path):
     shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
     map_path = write_cluster_map(str(tmp_path / "cluster.toml"), [shard])
