@@ -55,7 +55,8 @@ def create_server(db, address: str, *, name: str = "shard", limits: Limits | Non
     port = bind(server, address)
     own_address = f"{address.rsplit(':', 1)[0]}:{port}"
     guard = Guard(f"shard {name}", metrics)
-    pbg.add_KVServicer_to_server(guard.wrap(KVServicer(db, limits, name), KV_SERVICE), server)
+    kv = KVServicer(db, limits, name, max_scans=max(1, max_workers // 2))
+    pbg.add_KVServicer_to_server(guard.wrap(kv, KV_SERVICE), server)
     pbg.add_AdminServicer_to_server(
         guard.wrap(AdminServicer(db, name, own_address), ADMIN_SERVICE), server)
     return Serving(server, [guard]), port
