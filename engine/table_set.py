@@ -66,6 +66,15 @@ class TableSet:
         except StorageIOError as exc:
             if exc.errno == errno.ENOENT:  # the version names it: the DB lost a file
                 raise CorruptionError("a table the manifest lists is missing", path=path) from None
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # Every table stays open (RocksDB's default, max_open_files = -1): say so.
+                with self._lock:
+                    n = len(self._tables)
+                raise StorageIOError(
+                    f"too many open files with {n} tables open (each holds up to 3 "
+                    "descriptors: the file and its data and filter mappings); raise the "
+                    "open-file limit (ulimit -n, or LimitNOFILE= under systemd; a shard raises "
+                    "its soft limit to the hard one)", path=path, errno_=exc.errno) from exc
             raise
         with self._lock:
             have = self._tables.get(number)
