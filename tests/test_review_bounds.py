@@ -306,13 +306,16 @@ def test_values_at_the_maximum_through_the_router(big_cluster):
     assert all(p.alive() for p in (router, *shards))
 
 
-def _table_fds() -> tuple[int, int]:
-    """(descriptors of this process on .sst files, those whose file is deleted)."""
+def _table_fds(under: str = "/") -> tuple[int, int]:
+    """(descriptors of this process on .sst files under ``under``, those whose file is
+    deleted). Only this test's directory counts: the suite runs other tests in this process."""
     total = deleted = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
+            continue
+        if not target.startswith(under):
             continue
         if target.endswith(".sst") or target.endswith(".sst (deleted)"):
             total += 1
@@ -320,9 +323,9 @@ def _table_fds() -> tuple[int, int]:
     return total, deleted
 
 
-def _table_maps() -> int:
+def _table_maps(under: str = "/") -> int:
     with open("/proc/self/maps") as f:
-        return sum(1 for line in f if ".sst" in line)
+        return sum(1 for line in f if ".sst" in line and under in line)
 
 
 def test_descriptors_and_mappings_stay_bounded_across_flush_and_compaction_cycles(tmp_path):
@@ -350,16 +353,16 @@ def test_descriptors_and_mappings_stay_bounded_across_flush_and_compaction_cycle
 
         def settled():
             gc.collect()
-            total, deleted = _table_fds()
+            total, deleted = _table_fds(path)
             live = sum(lv["tables"] for lv in db.stats()["levels"])
-            return deleted == 0 and total <= 3 * live and _table_maps() <= 2 * live and live
+            return deleted == 0 and total <= 3 * live and _table_maps(path) <= 2 * live and live
 
         live = wait_until(settled, "tables compacted away to be closed", timeout=60)
         assert live > 80
         assert threading.active_count() <= threads_before + 3  # flush, compaction, unref
     finally:
         db.close()
-    assert _table_fds() == (0, 0) and _table_maps() == 0
+    assert _table_fds(path) == (0, 0) and _table_maps(path) == 0
     assert wait_until(lambda: threading.active_count() <= threads_before, "threads to end", timeout=30)
 
 
