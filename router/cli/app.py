@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     _encoding(p)
     p.add_argument("--sync", action="store_true", help="fsync the shard's log before replying")
     p = command(sub, "scan", data_cmds.cmd_scan,
-                "print the entries with START <= key < END in key order", router=True)
+                "print the entries with START <= key < END in key order", router=True,
+                timeout_help="give up after this many seconds for the whole scan (default: no "
+                             "deadline, so a scan of any size completes)")
     p.add_argument("--start", help="first key (inclusive); default: the first key")
     p.add_argument("--end", help="end key (exclusive); default: past the last key")
     p.add_argument("--limit", type=int, default=0, help="at most this many entries (0: all)")

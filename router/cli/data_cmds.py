@@ -110,9 +110,15 @@ def cmd_scan(args) -> int:
         raise CliError("--start must be before --end", USAGE)
     out = sys.stdout.buffer
     n = 0
+    # The deadline covers the whole stream: none by default (a dump of a large cluster takes
+    # minutes), so only --timeout bounds it.
+    from ..client import MAX_TIMEOUT
+
+    timeout = getattr(args, "timeout", None) or MAX_TIMEOUT
     with _client(args) as c:
         try:
-            for key, value in c.scan(start=start or b"", end=end or b"", limit=args.limit):
+            for key, value in c.scan(start=start or b"", end=end or b"", limit=args.limit,
+                                     timeout=timeout):
                 try:
                     out.write(format_record(key, value, args.format, args.encoding))
                 except ValueError as exc:
