@@ -4,8 +4,8 @@ Steps (LevelDB's ``DB::Open``):
 
 1. Create the directory if allowed, take ``LOCK`` (flock; LockedError if held).
 2. ``CURRENT`` present: recover the manifest (a new manifest is written holding a snapshot);
-   absent: create a new DB, unless tables or manifests are there (a DB that lost its
-   ``CURRENT``: CorruptionError, nothing written).
+   absent: create a new DB, unless tables or logs are there (a DB that lost its ``CURRENT``:
+   CorruptionError, nothing written).
 3. Replay every log numbered >= the manifest's log number, oldest first (a torn last record
    is dropped; damage before the tail raises CorruptionError). The logs before the last one
    are replayed into a memtable that is written to L0 tables (synced, directory synced)
@@ -86,15 +86,16 @@ def _recover_locked(fs, path: str, options, lock) -> RecoveredState:
     else:
         if not options.create_if_missing:
             raise InvalidArgumentError(f"{path} holds no DB (create_if_missing=False)")
-        # No CURRENT but tables or manifests: a DB that lost its CURRENT, not an empty
-        # directory. Creating a DB here would write MANIFEST-000001 over the old one and drop
-        # every table as unreferenced.
+        # No CURRENT but tables or logs: a DB that lost its CURRENT, not an empty directory.
+        # Creating a DB here would write MANIFEST-000001 over the old one and delete every
+        # table and log as obsolete. (A manifest alone is a first open that crashed before
+        # CURRENT was written: it held nothing yet, and is created anew.)
         held = [name for kind, _, name in filenames.list_files(fs, path)
-                if kind in (filenames.FileKind.TABLE, filenames.FileKind.MANIFEST)]
+                if kind in (filenames.FileKind.TABLE, filenames.FileKind.LOG)]
         if held:
             raise CorruptionError(
-                f"CURRENT is missing but the directory holds {len(held)} table or manifest "
-                f"files (e.g. {held[0]}); not creating a new DB over them",
+                f"CURRENT is missing but the directory holds {len(held)} table or log files "
+                f"(e.g. {held[0]}); not creating a new DB over them",
                 path=filenames.current_file_name(path))
         manifest = Manifest.create(fs, path)
     try:

@@ -124,24 +124,3 @@ def test_a_full_disk_under_the_manifest_is_fatal_until_reopen(tmp_path):
     with DB.open(path) as db:
         assert all(db.get(b"k%03d" % i) == b"v" for i in range(100))
 
-
-def test_a_db_that_lost_its_current_file_is_corruption_not_a_new_empty_db(tmp_path):
-    """LevelDB would create a new DB here (MANIFEST-000001 over the old one, every table then
-    unreferenced and deleted); we refuse and name the file, and write nothing."""
-    import os
-
-    from engine.errors import CorruptionError
-
-    path = tmp_path / "db"
-    with DB.open(str(path)) as db:
-        db.put(b"k", b"v")
-        db.flush()
-    os.remove(path / "CURRENT")
-    before = sorted(os.listdir(path))
-    with pytest.raises(CorruptionError, match="CURRENT is missing"):
-        DB.open(str(path))
-    assert sorted(os.listdir(path)) == before
-    (path / "CURRENT").write_text(
-        next(n for n in before if n.startswith("MANIFEST-")) + "\n")
-    with DB.open(str(path)) as db:
-        assert db.get(b"k") == b"v"
