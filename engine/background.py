@@ -26,8 +26,10 @@ or the compaction's inputs, are untouched), so it is retried:
   RETRY_WAIT_S, so a write made once space is back goes through), and the flush thread tries
   again after RETRY_FIRST_S, doubling up to RETRY_MAX_S; the first flush that succeeds ends
   the state;
-- a failed compaction leaves writes alone (they fail on their own if the log cannot grow, or
-  stall at the L0 triggers) and the compaction thread tries again after the same backoff.
+- a failed compaction leaves writes alone (they fail on their own if the log cannot grow) and
+  the compaction thread tries again after the same backoff, at most RETRY_WAIT_S apart; a
+  writer stopped at ``l0_stop_trigger`` meanwhile waits RETRY_WAIT_S for a retry to bring L0
+  down, then fails with the compaction's ENOSPC instead of waiting for space without end.
 Any other failure, or ENOSPC once the manifest has failed, is fatal as above.
 """
 
@@ -83,8 +85,9 @@ RETRY_MAX_S = 30.0
 """Full disk: the longest wait between tries."""
 RETRY_WAIT_S = 5.0
 """Full disk: how long a refused write waits for the try it asked for."""
-RETRY_MIN_GAP_S = 0.1
-"""Full disk: tries asked for by writes come at most this often."""
+RETRY_MIN_GAP_S = 1.0
+"""Full disk: tries asked for by writes come at most this often (a try rebuilds the whole
+memtable's table, so a client writing through an outage must not drive one per write)."""
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
@@ -258,13 +261,19 @@ class Background:
                     if task is not None:
                         self._run_task(task)
                 delay = RETRY_FIRST_S
+                if self._compaction_full_disk is not None:
+                    with self._mu:
+                        self._compaction_full_disk = None
+                        self._bg_cv.notify_all()
             except BaseException as exc:  # noqa: BLE001
                 with self._mu:
                     if not isinstance(exc, Cancelled) and self._full_disk(exc):
                         # Full disk: nothing lost; writes go on; try again after a backoff.
                         self.counters.background_errors += 1
+                        self._compaction_full_disk = exc
+                        self._bg_cv.notify_all()  # writers stopped at L0 may give up now
                         end = time.monotonic() + delay
-                        delay = min(delay * 2, RETRY_MAX_S)
+                        delay = min(delay * 2, RETRY_WAIT_S)
                         while not self._closing and time.monotonic() < end:
                             self._bg_cv.wait(end - time.monotonic())
                         continue

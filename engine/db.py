@@ -64,6 +64,7 @@ from .options import Options
 from .read_state import ReadState
 from .recovery import recover
 from .table_set import TableSet
+from .table_writer import Cancelled
 from .table_workers import shared_pool
 from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
@@ -111,6 +112,8 @@ class DB(Background):
         self._bg_recoverable = False
         self._flush_attempts = 0  # flush attempts finished, for writers waiting on a retry
         self._retry_now = False
+        self._compaction_full_disk: BaseException | None = None  # the compaction thread is
+        # backing off after ENOSPC (engine/background.py, "Full disk")
         self._log_broken = False
         self._log_sync_failed = False  # an fsync of the current log failed: close() must not
         # sync it again (Linux may have dropped the pages and would then report success)
@@ -435,6 +438,7 @@ class DB(Background):
         opts = self.options
         allow_delay = not force
         stall_l0 = not opts.disable_auto_compactions
+        stopped_since = None  # when this writer started waiting at l0_stop_trigger
         while True:
             self._check_writable()
             l0 = len(self._version.levels[0])
@@ -453,6 +457,15 @@ class DB(Background):
             elif force and not self._log_broken and len(self._mem) == 0:
                 return
             elif len(self._frozen) >= opts.max_frozen_memtables or (stall_l0 and l0 >= opts.l0_stop_trigger):
+                err = self._compaction_full_disk
+                if stall_l0 and l0 >= opts.l0_stop_trigger and err is not None:
+                    now = time.monotonic()
+                    stopped_since = stopped_since or now
+                    if now - stopped_since >= RETRY_WAIT_S:  # no retry brought L0 down
+                        raise StorageIOError(
+                            f"DB refuses writes while L0 holds {l0} tables (l0_stop_trigger) "
+                            f"and compactions fail ({err}); they are retried",
+                            path=self.path, errno_=getattr(err, "errno", None)) from err
                 t0 = time.perf_counter()
                 self._bg_cv.wait(0.5)
                 self.counters.stop_s += time.perf_counter() - t0
@@ -568,6 +581,8 @@ class DB(Background):
             if task is not None:
                 try:
                     self._run_task(task, manual=True)
+                except Cancelled:  # close() stopped the job (in a table worker)
+                    raise ClosedError("DB is closed") from None
                 except SieveError as exc:
                     # As for a background compaction: a failure the DB cannot retry (a manifest
                     # write, corruption) puts it in its failed state, so the next write is

@@ -154,6 +154,9 @@ def stats(db) -> dict:
         "recovered_errors": c.recovered_errors,
         "failed": None if db._bg_error is None else str(db._bg_error),
         "failed_retrying": db._bg_error is not None and db._bg_recoverable,  # full disk
+        # A compaction that failed on a full disk and is retried (writes go on meanwhile).
+        "compaction_retrying": (None if db._compaction_full_disk is None
+                                else str(db._compaction_full_disk)),
 
         "recovered_entries": c.recovered_entries,
         "recovered_tables": c.recovered_tables,

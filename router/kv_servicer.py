@@ -230,6 +230,9 @@ class RouterKV:
                               f"its handler threads) and that many are open; retry later")
         try:
             calls = [(shard, shard.kv.Scan(request, timeout=timeout)) for shard in self.shards]
+            # A client that cancels must end the shard streams now: this thread may be blocked
+            # reading one of them (a stalled shard), holding its scan slot until that deadline.
+            context.add_callback(lambda: [call.cancel() for _, call in calls])
             yield from merged_scan(calls, request.limit)
         except StatusError as exc:
             if defaulted and exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -71,11 +71,12 @@ def test_a_compaction_that_hits_a_full_disk_leaves_writes_alone_and_is_retried(t
             db.flush()
         wait_until(lambda: db.stats()["background_errors"] >= 1, "the compaction to fail")
         assert db.stats()["failed"] is None  # not a failed state: writes go on
+        assert "No space left" in db.stats()["compaction_retrying"]
         db.put(b"during", b"1")
         assert _l0(db) == 2
         fs.append_fault = None
         wait_until(lambda: _l0(db) == 0, "the compaction to be retried", 60)
-        assert db.stats()["compactions"] >= 1
+        assert db.stats()["compactions"] >= 1 and db.stats()["compaction_retrying"] is None
     finally:
         db.close()
     with DB.open(path) as db:

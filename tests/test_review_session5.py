@@ -1,8 +1,9 @@
 """Adversarial review of session 5's changes (full-disk retry, recovery numbering, MultiGet
 byte limit, scan caps, CLI deadlines).
 
-Tests marked ``xfail(strict=True)`` show bugs the review found; the others pin behaviour that
-was checked and held and that nothing else covered. Faults come from the fault-injecting file
+The three bugs the review found were strict xfails and are fixed (each test keeps a comment
+saying what was wrong); the other tests pin behaviour that was checked and held and that
+nothing else covered. Faults come from the fault-injecting file
 layer (tests/test_review_recovery.py's ReviewFS); processes are real (tests/conftest.py).
 Waits are generous polls, never performance targets.
 """
@@ -53,13 +54,13 @@ class _Putter(threading.Thread):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bugs (xfail strict)
+# Bugs (were strict xfails; fixed)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/db.py _make_room_for_write waits at l0_stop_trigger with no end while the compaction "
-    "thread backs off on ENOSPC (engine/background.py _compaction_loop): before session 5 the "
-    "failed compaction was fatal and the writer got StorageIOError; now it hangs in the "
-    "group-commit leader, so every later write and flush() queue behind it"))
+# Was a strict xfail, fixed in session 5: engine/db.py _make_room_for_write waits at
+# l0_stop_trigger with no end while the compaction thread backs off on ENOSPC
+# (engine/background.py _compaction_loop): before session 5 the failed compaction was fatal and
+# the writer got StorageIOError; now it hangs in the group-commit leader, so every later write and
+# flush() queue behind it
 def test_a_writer_stalled_at_l0_stop_while_compactions_hit_a_full_disk_gets_an_error(tmp_path):
     fs = ReviewFS(seed=51)
     path = str(tmp_path / "db")
@@ -93,12 +94,11 @@ def test_a_writer_stalled_at_l0_stop_while_compactions_hit_a_full_disk_gets_an_e
         db.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/kv_servicer.py Scan: the handler thread blocked on a shard's stream does not see "
-    "its client cancel (no context.add_callback cancelling the shard calls), so the scan slot "
-    "and the thread stay taken until the shard answers or the shard deadline passes - since "
-    "session 5 that is --admin-timeout (600 s) for a client with no deadline, ~1e6 s for "
-    "`sievekv scan`; a few Ctrl-C'd scans of a stalled shard refuse every scan"))
+# Was a strict xfail, fixed in session 5: router/kv_servicer.py Scan: the handler thread blocked
+# on a shard's stream does not see its client cancel (no context.add_callback cancelling the shard
+# calls), so the scan slot and the thread stay taken until the shard answers or the shard deadline
+# passes - since session 5 that is --admin-timeout (600 s) for a client with no deadline, ~1e6 s
+# for `sievekv scan`; a few Ctrl-C'd scans of a stalled shard refuse every scan
 def test_a_cancelled_scan_frees_its_router_slot_while_a_shard_is_stalled(procs, tmp_path):
     from router.client import Client
     from sievekv_proto import sievekv_pb2 as pb
@@ -347,11 +347,11 @@ def test_the_shard_scan_cap_is_released_on_every_way_out(tmp_path):
     assert kv._scans.acquire(blocking=False)  # the slot is still free
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/db.py compact() catches only SieveError: a manual compaction running in a table "
-    "worker when close() cancels it raises engine.table_writer.Cancelled (a bare Exception, "
-    "from Background._in_worker), which the shard reports as INTERNAL 'internal error: "
-    "Cancelled' with an 'unexpected error' traceback, instead of ClosedError (UNAVAILABLE)"))
+# Was a strict xfail, fixed in session 5: engine/db.py compact() catches only SieveError: a manual
+# compaction running in a table worker when close() cancels it raises
+# engine.table_writer.Cancelled (a bare Exception, from Background._in_worker), which the shard
+# reports as INTERNAL 'internal error: Cancelled' with an 'unexpected error' traceback, instead of
+# ClosedError (UNAVAILABLE)
 def test_a_manual_compaction_cancelled_by_close_raises_closed_error(tmp_path):
     db = DB.open(str(tmp_path / "db"), table_workers=1, disable_auto_compactions=True)
     outcome: list = []
