@@ -164,15 +164,30 @@ class Background:
         entries = list(mem.items())
         metas = None
         numbers: list[int] = []
-        if self._pool is not None:
-            numbers = [self._manifest.new_file_number()]
-            for n in numbers:
-                self._reserve(n)
-            metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
-        if metas is None:
-            metas = write_tables(self._fs, self.path, [entries],
-                                 new_number=self._manifest.new_file_number,
-                                 table_options=topts, on_number=self._reserve)
+        taken: list[int] = []  # numbers reserved by the in-thread writer
+
+        def reserve(n: int) -> None:
+            self._reserve(n)
+            taken.append(n)
+
+        try:
+            if self._pool is not None:
+                numbers = [self._manifest.new_file_number()]
+                for n in numbers:
+                    self._reserve(n)
+                metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
+            if metas is None:
+                metas = write_tables(self._fs, self.path, [entries],
+                                     new_number=self._manifest.new_file_number,
+                                     table_options=topts, on_number=reserve)
+        except BaseException as exc:
+            # A failed job removed what it wrote: its numbers need no protection (a full disk
+            # retried for hours would otherwise pile them up in _pending_outputs). A cancelled
+            # one keeps them: close() removes its partial tables by them.
+            if not isinstance(exc, Cancelled):
+                self._unreserve(numbers)
+                self._unreserve(taken)
+            raise
         with self._version_lock:
             with self._mu:
                 i = self._frozen.index(mem)
@@ -303,22 +318,28 @@ class Background:
                                   removed, last_level=last)
         job = plan(task, version, self.options, table_options(self.options, bits), self.path)
         result = None
-        if self._pool is not None and not task.trivial_move:
-            job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
-            for n in job.numbers:
-                self._reserve(n)
-            running.outputs = job.numbers
-            result = self._in_worker(job.numbers, compaction_job, job)
-        if result is None:
-            running.outputs = []
+        try:
+            if self._pool is not None and not task.trivial_move:
+                job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
+                for n in job.numbers:
+                    self._reserve(n)
+                running.outputs = job.numbers
+                result = self._in_worker(job.numbers, compaction_job, job)
+            if result is None:
+                running.outputs = []
 
-            def on_number(n: int) -> None:
-                self._reserve(n)
-                running.outputs.append(n)
+                def on_number(n: int) -> None:
+                    self._reserve(n)
+                    running.outputs.append(n)
 
-            result = execute(job, fs=self._fs, open_table=self._tables.get,
-                             new_number=self._manifest.new_file_number, on_number=on_number,
-                             should_stop=lambda: self._closing)
+                result = execute(job, fs=self._fs, open_table=self._tables.get,
+                                 new_number=self._manifest.new_file_number, on_number=on_number,
+                                 should_stop=lambda: self._closing)
+        except BaseException as exc:
+            if not isinstance(exc, Cancelled):  # as in _flush_memtable
+                self._unreserve(job.numbers)
+                self._unreserve(running.outputs)
+            raise
         with self._version_lock:
             new_version = self._log_and_apply(result.edit, job.numbers,
                                               [f.number for f in result.outputs])

@@ -125,3 +125,26 @@ def test_a_full_disk_under_the_manifest_is_fatal_until_reopen(tmp_path):
     with DB.open(path) as db:
         assert all(db.get(b"k%03d" % i) == b"v" for i in range(100))
 
+
+
+def test_failed_attempts_leave_no_reserved_numbers_behind(tmp_path):
+    """Each failed try reserved output numbers; over an outage of hours they piled up in the
+    DB's pending set (and close() tried to remove each missing file)."""
+    fs = ReviewFS(seed=25)
+    path = str(tmp_path / "db")
+    with DB.open(path, fs=fs, disable_auto_compactions=True) as db:
+        for r in range(2):
+            for i in range(100):
+                db.put(b"k%03d" % i, b"r%d" % r)
+            db.flush()
+        fs.append_fault = lambda p: p.endswith(".sst")
+        for _ in range(3):
+            with pytest.raises(StorageIOError):
+                db.compact()
+        for i in range(100):
+            db.put(b"n%03d" % i, b"v")
+        with pytest.raises(StorageIOError):
+            db.flush()
+        fs.append_fault = None
+        wait_until(lambda: db.stats()["failed"] is None, "the flush to be retried")
+        assert db._pending_outputs == set()
