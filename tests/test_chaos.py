@@ -59,7 +59,7 @@ from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .conftest import start_router_process, start_shard_process, wait_until, write_cluster_map
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
-from .test_cli_e2e import kill_recorded, sievekv
+from .test_review_lifecycle import Lab
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
@@ -396,44 +396,24 @@ class Scanner(threading.Thread):
 # Cluster
 # ---------------------------------------------------------------------------------------------
 
-class Cluster:
-    """The cluster under test: its config and data directory, the CLI, and cleanup."""
+class Cluster(Lab):
+    """The cluster under test (tests/test_review_lifecycle.py's Lab: config, data directory,
+    the CLI, cleanup), plus the processes this test SIGSTOPped, resumed before cleanup."""
 
     def __init__(self, root, request):
-        self.conf = str(root / "cluster.toml")
-        self.data_dir = str(root / "data")
-        (root / "cluster.toml").write_text(CONFIG)
-        self.groups: set[int] = set()
+        super().__init__(root, request, CONFIG)
         self.stopped: set[int] = set()  # pids we sent SIGSTOP and not yet SIGCONT
-        request.addfinalizer(self.cleanup)
 
     def cli(self, *argv, timeout=180):
-        return sievekv(*argv, "--config", self.conf, timeout=timeout)
+        return super().cli(*argv, timeout=timeout)
 
     def start(self) -> str:
-        r = self.cli("cluster", "start")
-        self.remember()
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip()
+        return super().start().stdout.strip()
 
     def stop(self) -> None:
         r = self.cli("cluster", "stop")
         assert r.returncode == 0, r.stderr
         assert "exit code 0" in r.stdout, r.stdout  # drained, not killed
-
-    def state(self) -> dict:
-        return cs.read_state(self.data_dir)
-
-    def proc(self, name: str) -> dict:
-        return next(p for p in self.state()["processes"] if p["name"] == name)
-
-    def remember(self) -> None:
-        try:
-            pid = self.state()["supervisor"]["pid"]
-        except (cs.StateError, KeyError, TypeError):
-            return
-        if pid:
-            self.groups.add(pid)
 
     def cleanup(self) -> None:
         for pid in self.stopped:
@@ -441,16 +421,7 @@ class Cluster:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        self.remember()
-        try:
-            self.cli("cluster", "stop", "--timeout", "5", timeout=120)
-        finally:
-            kill_recorded(self.data_dir)
-            for pgid in self.groups:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        super().cleanup()
 
     def healthy(self) -> bool:
         """Every process is recorded SERVING, runs, and answers SERVING on its health service."""

@@ -110,9 +110,11 @@ class Lab:
 
     def cleanup(self) -> None:
         self.remember()
-        self.cli("cluster", "stop", "--timeout", "5")
-        kill_recorded(self.data_dir)
-        _kill_groups(self.groups)
+        try:
+            self.cli("cluster", "stop", "--timeout", "5", timeout=120)
+        finally:
+            kill_recorded(self.data_dir)
+            _kill_groups(self.groups)
 
 
 @pytest.fixture

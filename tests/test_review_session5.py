@@ -112,19 +112,22 @@ def test_a_cancelled_scan_frees_its_router_slot_while_a_shard_is_stalled(procs, 
         assert c.get(b"k") == b"v"  # the router's channel to the shard is connected
     ch = grpc.insecure_channel(router.address)
     stream = None
+    reader = None
     os.kill(shard.popen.pid, signal.SIGSTOP)
     try:
-        stream = pbg.KVStub(ch).Scan(pb.ScanRequest())  # no deadline, like a client's dump
-
-        def read_first():
+        def read_first(st):
             try:
-                next(stream, None)
+                next(st, None)
             except grpc.RpcError:
-                pass  # cancelled below
-
-        threading.Thread(target=read_first, daemon=True).start()
+                pass  # cancelled below, or refused (a probe held the slot first)
 
         def probe() -> grpc.StatusCode:
+            nonlocal stream, reader
+            if reader is None or not reader.is_alive():  # (re)open the scan that holds the slot
+                stream = pbg.KVStub(ch).Scan(pb.ScanRequest())  # no deadline, like a dump
+                reader = threading.Thread(target=read_first, args=(stream,), daemon=True)
+                reader.start()
+                time.sleep(0.5)
             with grpc.insecure_channel(router.address) as pch:
                 try:
                     next(pbg.KVStub(pch).Scan(pb.ScanRequest(), timeout=2), None)
@@ -137,8 +140,17 @@ def test_a_cancelled_scan_frees_its_router_slot_while_a_shard_is_stalled(procs, 
         stream.cancel()  # the client gives up (Ctrl-C)
         # Its slot should be free again: a new scan is admitted (and then waits on the
         # stopped shard until its own 2 s deadline).
-        wait_until(lambda: probe() != grpc.StatusCode.RESOURCE_EXHAUSTED,
-                   "the cancelled scan's slot to be released", timeout=20)
+        reader.join(10)
+
+        def admitted() -> bool:
+            with grpc.insecure_channel(router.address) as pch:
+                try:
+                    next(pbg.KVStub(pch).Scan(pb.ScanRequest(), timeout=2), None)
+                except grpc.RpcError as exc:
+                    return exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED
+            return True
+
+        wait_until(admitted, "the cancelled scan's slot to be released", timeout=20)
     finally:
         os.kill(shard.popen.pid, signal.SIGCONT)
         if stream is not None:
