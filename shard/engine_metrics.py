@@ -15,7 +15,12 @@ From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_compactions_total``, ``sievekv_engine_compaction_read_bytes_total``,
 ``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
 ``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
-``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``.
+``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``,
+``sievekv_engine_recovered_errors_total``; and the states an operator alerts on (0 or 1):
+``sievekv_engine_writes_refused`` (the engine is in its failed state), with
+``sievekv_engine_writes_refused_retrying`` (... because of a full disk, retried by itself: no
+restart needed) and ``sievekv_engine_compaction_retrying`` (a compaction failed on a full disk
+and is retried; writes go on until L0 reaches its stop trigger).
 
 A field the engine does not report is left out; a report that raises is logged and counted in
 ``sievekv_engine_scrape_errors_total`` instead of failing the scrape.
@@ -51,6 +56,14 @@ _STATS_COUNTERS = (
     (("block_cache", "hits"), "sievekv_engine_block_cache_hits", "Block cache hits"),
     (("block_cache", "misses"), "sievekv_engine_block_cache_misses", "Block cache misses"),
     (("background_errors",), "sievekv_engine_background_errors", "Failed background flushes/compactions"),
+    (("recovered_errors",), "sievekv_engine_recovered_errors", "Full-disk failed states ended by a successful flush"),
+)
+_STATE_GAUGES = (
+    ("failed", "sievekv_engine_writes_refused", "1 while the engine refuses writes after a failure"),
+    ("failed_retrying", "sievekv_engine_writes_refused_retrying",
+     "1 while writes are refused because of a full disk (retried by itself, no restart needed)"),
+    ("compaction_retrying", "sievekv_engine_compaction_retrying",
+     "1 while a compaction that failed on a full disk is being retried"),
 )
 _STATS_GAUGES = (
     (("block_cache", "usage_bytes"), "sievekv_engine_block_cache_usage_bytes", "Bytes in the block cache"),
@@ -107,6 +120,11 @@ class EngineCollector:
                     family = family_cls(name, help_text)
                     family.add_metric([], value)
                     yield family
+        for field, name, help_text in _STATE_GAUGES:
+            if field in stats:  # a string (the error) or True: set; None or False: clear
+                family = GaugeMetricFamily(name, help_text)
+                family.add_metric([], 1.0 if stats[field] else 0.0)
+                yield family
         stat_levels = stats.get("levels") if isinstance(stats.get("levels"), list) else []
         for field, name, help_text in (("tables", "sievekv_engine_level_tables", "Tables in the level"),
                                        ("bytes", "sievekv_engine_level_bytes", "Table bytes in the level")):

@@ -151,3 +151,30 @@ def test_failed_attempts_leave_no_reserved_numbers_behind(tmp_path):
         fs.append_fault = None
         wait_until(lambda: db.stats()["failed"] is None, "the flush to be retried")
         assert db._pending_outputs == set()
+
+
+def test_the_full_disk_states_are_metrics_an_operator_can_alert_on(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from shard.engine_metrics import EngineCollector
+
+    fs = ReviewFS(seed=26)
+    with DB.open(str(tmp_path / "db"), fs=fs, disable_auto_compactions=True) as db:
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(db))
+
+        def gauges():
+            return [registry.get_sample_value(n) for n in (
+                "sievekv_engine_writes_refused", "sievekv_engine_writes_refused_retrying",
+                "sievekv_engine_compaction_retrying", "sievekv_engine_recovered_errors_total")]
+
+        assert gauges() == [0.0, 0.0, 0.0, 0.0]
+        for i in range(50):
+            db.put(b"k%03d" % i, b"v")
+        fs.append_fault = lambda p: p.endswith(".sst")
+        with pytest.raises(StorageIOError):
+            db.flush()
+        assert gauges() == [1.0, 1.0, 0.0, 0.0]
+        fs.append_fault = None
+        wait_until(lambda: db.stats()["failed"] is None, "the flush to be retried")
+        assert gauges() == [0.0, 0.0, 0.0, 1.0]
