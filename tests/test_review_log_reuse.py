@@ -89,16 +89,22 @@ class _ReviewFS(FaultInjectionFS):
             if unsynced in ("keep", "process"):
                 return  # the pages a failed fsync lost are still in the OS's cache
             lost, self.lost = self.lost, []
-            for path, key, start, end in lost:
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                if (st.st_dev, st.st_ino) != key or start >= st.st_size:
-                    continue
-                with open(path, "r+b") as f:
-                    f.seek(start)
-                    f.write(b"\0" * (min(end, st.st_size) - start))
+            zero_lost_pages(lost)
+
+
+def zero_lost_pages(lost) -> None:
+    """Power loss after a failed fsync (Linux): the bytes it lost, ``(path, (dev, ino), start,
+    end)``, read back as zeros, if the file is still the same one and still that long."""
+    for path, key, start, end in lost:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) != key or start >= st.st_size:
+            continue
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(b"\0" * (min(end, st.st_size) - start))
 
 
 def _logs(path: str) -> list[int]:

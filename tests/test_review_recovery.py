@@ -48,6 +48,7 @@ from engine.vfs import FileSystem, default_fs
 
 from .conftest import wait_until
 from .test_db_durability import matches_a_prefix
+from .test_review_log_reuse import zero_lost_pages
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -164,16 +165,7 @@ class ReviewFS(FaultInjectionFS):
             if unsynced in ("keep", "process"):
                 return  # pages a failed fsync lost are still in the page cache
             lost, self.lost = self.lost, []
-            for path, key, start, end in lost:
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                if (st.st_dev, st.st_ino) != key or start >= st.st_size:
-                    continue
-                with open(path, "r+b") as f:
-                    f.seek(start)
-                    f.write(b"\0" * (min(end, st.st_size) - start))
+            zero_lost_pages(lost)
 
 
 def _close_dead(db) -> None:
