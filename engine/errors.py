@@ -9,6 +9,7 @@ class                       gRPC status         meaning
 InvalidArgumentError        INVALID_ARGUMENT    the caller passed a bad key, value, option
 CorruptionError             DATA_LOSS           stored bytes fail a checksum or the format
 StorageIOError              INTERNAL            the operating system refused an I/O call
+  (errno ENOSPC or EDQUOT)  RESOURCE_EXHAUSTED  ... because the disk or quota is full
 ClosedError                 UNAVAILABLE         the DB (or table) was already closed
 LockedError                 FAILED_PRECONDITION another process holds the directory lock
 ResultTooLargeError         RESOURCE_EXHAUSTED  an answer would exceed the byte limit asked for

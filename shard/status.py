@@ -11,6 +11,7 @@ CorruptionError                 DATA_LOSS            the message, naming the fil
 ClosedError                     UNAVAILABLE          the message
 LockedError                     FAILED_PRECONDITION  the message
 ResultTooLargeError             RESOURCE_EXHAUSTED   the message (an answer over the limit)
+StorageIOError, ENOSPC/EDQUOT   RESOURCE_EXHAUSTED   the message (a full disk: gRPC's own example)
 StorageIOError / other Sieve..  INTERNAL             the message
 any other exception             INTERNAL             one line; traceback logged server-side
 ==============================  ===================  =======================================
@@ -21,6 +22,7 @@ request metrics (:mod:`shard.metrics`) when the server has them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -30,9 +32,13 @@ from typing import Callable
 import grpc
 
 from engine.errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError,
-                           ResultTooLargeError, SieveError)
+                           ResultTooLargeError, SieveError, StorageIOError)
 
 log = logging.getLogger(__name__)
+
+# A disk or quota that is full: gRPC's RESOURCE_EXHAUSTED ("perhaps the entire file system is
+# out of space"), which tells a caller to retry later rather than that the server is broken.
+FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -69,6 +75,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, LockedError):
         return grpc.StatusCode.FAILED_PRECONDITION, one_line(str(exc))
     if isinstance(exc, ResultTooLargeError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
+    if isinstance(exc, StorageIOError) and exc.errno in FULL_DISK_ERRNOS:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
     if isinstance(exc, SieveError):
         return INTERNAL, one_line(str(exc))

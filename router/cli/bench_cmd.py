@@ -158,7 +158,7 @@ def _startup_error(messages: dict[int, tuple], n: int, address: str) -> CliError
             name, details = msg[1]
             first = (details or "").strip().split("\n")[0]
             status = getattr(grpc.StatusCode, name, None)
-            return CliError(f"router {address}: {name}: {first}", code_for_grpc(status))
+            return CliError(f"router {address}: {name}: {first}", code_for_grpc(status, first))
         if msg[0] == "exited":
             return CliError(f"bench client {i} exited (code {msg[1]}) before it was ready", ERROR)
     return None
@@ -256,7 +256,7 @@ def all_failed(doc: dict) -> CliError | None:
     first = next(o["first_errors"][name] for o in doc["ops"].values()
                  if name in o["first_errors"])
     return CliError(f"every call failed: {name}: {first}",
-                    code_for_grpc(getattr(grpc.StatusCode, name, None)))
+                    code_for_grpc(getattr(grpc.StatusCode, name, None), first))
 
 
 def _run(args, children: _Children, setup: dict, progress: StatusLine) -> tuple[dict, bool]:

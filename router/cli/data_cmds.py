@@ -274,4 +274,4 @@ def _load_failure(exc: ClientError, loaded: int, first: int, last: int) -> CliEr
         msg += (f"; of that batch, shards {', '.join(applied)} applied their part and "
                 f"{', '.join(failed)} did not")
     partial = loaded > 0 or bool(applied)
-    return CliError(msg, PARTIAL if partial else code_for_grpc(exc.code))
+    return CliError(msg, PARTIAL if partial else code_for_grpc(exc.code, detail))

@@ -10,6 +10,9 @@ code   name         meaning
 4      PARTIAL      some shards (or processes) failed while others succeeded
 5      NOT_FOUND    ``get`` of a key that is absent
 6      CONFLICT     already running: data directory locked, port in use
+7      BUSY         a server is out of a resource for now: a full disk, its limit of scans
+                    at once; the same command may succeed later (RESOURCE_EXHAUSTED; one about
+                    a message or answer over a size limit is USAGE instead: asking again fails)
 130    INTERRUPTED  interrupted (Ctrl-C, SIGINT); ``load`` says how far it got
 =====  ===========  ==========================================================================
 
@@ -28,6 +31,7 @@ UNREACHABLE = 3
 PARTIAL = 4
 NOT_FOUND = 5
 CONFLICT = 6
+BUSY = 7
 INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 TABLE = [
@@ -38,6 +42,7 @@ TABLE = [
     (PARTIAL, "partial failure: some shards or processes failed, others succeeded"),
     (NOT_FOUND, "not found: get of an absent key"),
     (CONFLICT, "conflict: cluster already running, data directory locked, port in use"),
+    (BUSY, "busy: a server is out of a resource (full disk, too many scans); retry later"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
 ]
 
@@ -54,15 +59,23 @@ _GRPC_CODES = {
     grpc.StatusCode.UNAVAILABLE: UNREACHABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED: UNREACHABLE,
     grpc.StatusCode.INVALID_ARGUMENT: USAGE,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: USAGE,
     grpc.StatusCode.OUT_OF_RANGE: USAGE,
     grpc.StatusCode.NOT_FOUND: NOT_FOUND,
     grpc.StatusCode.FAILED_PRECONDITION: CONFLICT,
 }
 
 
-def code_for_grpc(status: grpc.StatusCode | None) -> int:
-    """The exit code for a failed call with gRPC ``status``."""
+# How a RESOURCE_EXHAUSTED about a size limit reads: gRPC's own ("Received message larger than
+# max (N vs. M)", "Sent message larger than max"), and the engine's ResultTooLargeError ("the
+# values found exceed N bytes"). Any other (a full disk, a server's scan limit) is BUSY.
+_SIZE_LIMIT_WORDS = ("larger than max", "values found exceed")  # not EDQUOT's "quota exceeded"
+
+
+def code_for_grpc(status: grpc.StatusCode | None, details: str | None = None) -> int:
+    """The exit code for a failed call with gRPC ``status`` and the server's ``details``."""
+    if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        text = (details or "").lower()
+        return USAGE if any(w in text for w in _SIZE_LIMIT_WORDS) else BUSY
     return _GRPC_CODES.get(status, ERROR)
 
 
@@ -71,7 +84,7 @@ def from_client_error(exc, what: str) -> CliError:
     details = (exc.details or "").strip().splitlines()
     first = details[0] if details else ""
     return CliError(f"{what}: {exc.code.name}: {first}" if first else f"{what}: {exc.code.name}",
-                    code_for_grpc(exc.code))
+                    code_for_grpc(exc.code, exc.details))
 
 
 def from_rpc_error(exc: grpc.RpcError, what: str) -> CliError:
@@ -81,7 +94,7 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> CliError:
     name = code.name if code is not None else "ERROR"
     first = (details or "").strip().splitlines()[0] if details else ""
     return CliError(f"{what}: {name}: {first}" if first else f"{what}: {name}",
-                    code_for_grpc(code))
+                    code_for_grpc(code, details))
 
 
 def epilog() -> str:
