@@ -130,17 +130,22 @@ class Clients:
             p.start()
 
     def run(self, address: str, mode: str, op: str, seconds: float, nkeys: int, count: int = 1,
-            server_pids: tuple[int, ...] = (), fresh: bool = False) -> tuple[float, float]:
+            server_pids: tuple[int, ...] = (), fresh: bool = False,
+            split: list | None = None) -> tuple[float, float]:
         """(total rate, CPU seconds per call of clients + ``server_pids``) of ``count`` client
-        processes running ``op`` for ``seconds``; ``fresh``: each client opens a new channel."""
+        processes running ``op`` for ``seconds``; ``fresh``: each client opens a new channel.
+        ``split``: a list to which [clients, *server_pids] CPU seconds per call are appended."""
         start_at = time.time() + (0.3 + 0.1 * count if count > 1 else 0.0)
         for q in self.queues[:count]:
             q.put((address, mode, op, seconds, start_at, nkeys, fresh))
-        before = sum(_cpu(pid) for pid in server_pids)
+        before = [_cpu(pid) for pid in server_pids]
         got = [self.results.get(timeout=seconds + 120) for _ in range(count)]
-        server_cpu = sum(_cpu(pid) for pid in server_pids) - before
-        calls = sum(g[1] for g in got)
-        return sum(g[0] for g in got), (server_cpu + sum(g[2] for g in got)) / max(calls, 1)
+        servers = [_cpu(pid) - b for pid, b in zip(server_pids, before)]
+        calls = max(sum(g[1] for g in got), 1)
+        client_cpu = sum(g[2] for g in got)
+        if split is not None:
+            split.append([client_cpu / calls, *(c / calls for c in servers)])
+        return sum(g[0] for g in got), (sum(servers) + client_cpu) / calls
 
     def stop(self) -> None:
         for q in self.queues:
@@ -259,14 +264,17 @@ def main() -> int:
         ops = ["get", "put", "mget"]
         rates = {(t[0], op): [] for t in targets for op in ops}
         cpus = {(t[0], op): [] for t in targets for op in ops}
+        splits = {(t[0], op): [] for t in targets for op in ops}  # [client, router, shard]
         for _ in range(args.rounds):
             for op in ops:
                 for name, address, mode, server_pids in targets:
-                    rate, cpu = clients.run(address, mode, op, args.seconds, args.keys, server_pids=server_pids)
+                    rate, cpu = clients.run(address, mode, op, args.seconds, args.keys,
+                                            server_pids=server_pids, split=splits[(name, op)])
                     rates[(name, op)].append(rate)
                     cpus[(name, op)].append(cpu)
         med = {k: statistics.median(v) for k, v in rates.items()}
         med_cpu = {k: statistics.median(v) for k, v in cpus.items()}
+        med_split = {k: [statistics.median(col) for col in zip(*v)] for k, v in splits.items()}
 
         # hop isolation: our router in front of the echo shard; each shard server alone (one hop)
         router_echo = servers.router("router-echo", [("echo", echo_shard)])
@@ -341,6 +349,11 @@ def main() -> int:
     for op, label, _ in rows:
         f, s, r = (med_cpu[(t, op)] * 1e6 for t in ("floor", "sievekv", "rocksdb"))
         print(f"{label.split()[0] + ' us/call':<24}{f:>12,.0f}{s:>12,.0f}{r:>12,.0f}{s - f:>17,.0f}")
+    print("  the same, per process: client / router / shard (medians of the rounds)")
+    for op, label, _ in rows:
+        parts = "   ".join(f"{t} " + " / ".join(f"{c * 1e6:,.0f}" for c in med_split[(t, op)])
+                           for t in ("floor", "sievekv", "rocksdb"))
+        print(f"  {label.split()[0]:<14}{parts}")
     print()
     print(f"{args.clients} client processes, Get calls/s (median of {max(1, args.rounds // 2)} runs of "
           f"{2 * args.seconds:g} s; each run opens new connections, which SO_REUSEPORT spreads by hash,")
