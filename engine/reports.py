@@ -137,16 +137,20 @@ def stats(db) -> dict:
         "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
                         "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
                         "total_seconds": round(c.slowdown_s + c.stop_s, 4)},
-        "block_cache": {"capacity_bytes": cache.capacity if cache else 0,
-                        "usage_bytes": cache.usage if cache else 0,
-                        "hits": cache.hits if cache else 0,
-                        "misses": cache.misses if cache else 0},
+        # `is not None`: an empty BlockCache is falsy (it has __len__)
+        "block_cache": {"capacity_bytes": cache.capacity if cache is not None else 0,
+                        "usage_bytes": cache.usage if cache is not None else 0,
+                        "hits": cache.hits if cache is not None else 0,
+                        "misses": cache.misses if cache is not None else 0},
         "reads": {"mmap_reads": db.options.mmap_reads,
                   "mapped_tables": sum(1 for t in live if getattr(t, "_data_map", None)),
                   "map_failures": map_failures},
         "gets": gets,
         "data_blocks_read": blocks,
         "data_blocks_read_per_get": (blocks / gets) if gets else None,
+        # Since open, tables compacted away included (filter_report() covers the live tables
+        # only, so its counts drop when a compaction replaces the probed tables).
+        "filter_probes": _filter_probes(db._tables),
         "table_workers": {"processes": db._pool.size if db._pool is not None else 0,
                           "jobs_in_process": c.worker_jobs,
                           "fallbacks_to_threads": c.worker_fallbacks},
@@ -162,6 +166,15 @@ def stats(db) -> dict:
         "recovered_tables": c.recovered_tables,
         "counters": asdict(c),
     }
+
+
+def _filter_probes(tables) -> dict:
+    pos = tables.counter_total("filter_positives")
+    neg = tables.counter_total("filter_negatives")
+    tp = tables.counter_total("filter_true_positives")
+    errors = tables.counter_total("filter_errors")
+    return {"probes": pos + neg + errors, "negatives": neg, "positives": pos,
+            "true_positives": tp, "false_positives": max(pos - tp, 0), "filter_errors": errors}
 
 
 _SUM_KEYS = ("keys", "filter_bytes", "filter_index_bytes", "mapped_bytes", "resident_bytes",

@@ -31,7 +31,16 @@ from .errors import CorruptionError, StorageIOError
 from .filenames import table_file_name
 from .sstable import Table
 
-_RETIRED_KEYS = ("data_blocks_read", "map_failures")
+_RETIRED_KEYS = ("data_blocks_read", "map_failures", "filter_positives", "filter_negatives",
+                 "filter_true_positives", "filter_errors")
+
+
+def _counter(t, key: str) -> int:
+    """Table ``t``'s counter ``key`` (filter_* from its filter; 0 for a table without one)."""
+    if key.startswith("filter_"):
+        f = getattr(t, "_filter", None)
+        return getattr(f, key[7:] if key != "filter_errors" else key, 0) if f is not None else 0
+    return getattr(t, key, 0)
 
 
 class TableSet:
@@ -139,12 +148,12 @@ class TableSet:
         """Add a table's counters to ``retired`` as it leaves ``_tables`` (under the lock, so
         :meth:`counter_total` counts every table exactly once)."""
         for k in _RETIRED_KEYS:
-            self.retired[k] += getattr(t, k, 0)
+            self.retired[k] += _counter(t, k)
 
     def counter_total(self, key: str) -> int:
         """``key`` (one of ``_RETIRED_KEYS``) summed over the open tables and those closed."""
         with self._lock:
-            return self.retired[key] + sum(getattr(t, key, 0) for t in self._tables.values())
+            return self.retired[key] + sum(_counter(t, key) for t in self._tables.values())
 
     def _close_table(self, t) -> None:
         forget = getattr(self._residency, "forget_table", None)

@@ -1,7 +1,8 @@
 """sievekv.v1.Admin for the whole cluster: every call fans out to all shards in parallel.
 
 - Stats/FilterReport succeed with one section per shard (``ok = false`` with the error for a
-  shard that failed or could not be reached), totals summed over the answering shards, and
+  shard that failed or could not be reached), totals over the answering shards (amounts
+  summed, ratios recomputed from the sums: ``shard.metrics.sum_totals``), and
   the JSON ``{"shards": {name: report}, "totals": {...}, "errors": {name: message}}``.
 - Flush/Compact return one section per shard; when any shard failed, the call fails with the
   first failure's code and the AdminResponse rides in trailing metadata
@@ -17,6 +18,7 @@ import json
 import grpc
 from grpc_health.v1 import health_pb2
 
+from shard.metrics import sum_totals
 from shard.status import StatusError
 from sievekv_proto import sievekv_pb2 as pb
 
@@ -56,7 +58,7 @@ class RouterAdmin:
         return out
 
     def _report(self, method: str, request, response_cls, context):
-        sections, totals, reports, errors = [], {}, {}, {}
+        sections, parts, reports, errors = [], [], {}, {}
         for shard, response, failure in self._fan_out(
                 method, request, shard_timeout(context, self.default_timeout)):
             if failure is not None:
@@ -69,8 +71,8 @@ class RouterAdmin:
             sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=True,
                                             json=text))
             reports[shard.name] = json.loads(text)
-            for key, value in response.totals.items():
-                totals[key] = totals.get(key, 0.0) + value
+            parts.append(response.totals)
+        totals = sum_totals(parts)
         doc = {"shards": reports, "totals": totals, "errors": errors}
         return response_cls(shards=sections, totals=totals, json=json.dumps(doc, sort_keys=True))
 

@@ -64,7 +64,8 @@ def format_bytes(n: int | float | None) -> str:
     if abs(n) < 1024:
         return f"{int(n)} B"
     i = 0
-    while abs(n) >= 1024 and i < len(_UNITS) - 1:
+    # compare what will be printed: 1048575 B is "1.0 MiB", not "1024.0 KiB"
+    while abs(round(n, 1)) >= 1024 and i < len(_UNITS) - 1:
         n /= 1024
         i += 1
     return f"{n:.1f} {_UNITS[i]}"

@@ -1,14 +1,21 @@
 """A Prometheus collector that reads the engine's own counters at scrape time.
 
-From ``db.filter_report()["levels"][i]["totals"]`` (label ``level``):
+From ``db.stats()["filter_probes"]`` (counts since the shard started, tables compacted away
+included, so they never go down):
 
 - ``sievekv_engine_filter_probes_total``           lookups that consulted a filter
 - ``sievekv_engine_filter_useful_total``           the filter said "absent": a read saved
 - ``sievekv_engine_filter_positives_total``        the filter said "may be present"
 - ``sievekv_engine_filter_true_positives_total``   ... and the key was there
 - ``sievekv_engine_filter_false_positives_total``  ... and it was not (a wasted read)
+
+From ``db.filter_report()["levels"][i]["totals"]`` (label ``level``; the tables live now):
+
 - ``sievekv_engine_filter_resident_bytes``         filter bytes resident in memory now
 - ``sievekv_engine_filter_bytes``                  filter bytes stored in the level's tables
+
+Per-level probe counts are not exported: a level's tables change with every compaction, so
+they would go down, which Prometheus reads as a counter reset (FilterReport has them).
 
 From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_memtable_bytes``, ``sievekv_engine_flushes_total``,
@@ -103,16 +110,21 @@ class EngineCollector:
     def collect(self):
         filters = self._report("filter_report")
         levels = filters.get("levels") if isinstance(filters.get("levels"), list) else []
-        for fields, family_cls in ((_FILTER_COUNTERS, CounterMetricFamily), (_FILTER_GAUGES, GaugeMetricFamily)):
-            for field, name, help_text in fields:
-                family = family_cls(name, help_text, labels=["level"])
-                for i, entry in enumerate(levels):
-                    value = _path(entry, ("totals", field))
-                    if value is not None:
-                        family.add_metric([_level(entry, i)], value)
-                yield family
+        for field, name, help_text in _FILTER_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["level"])
+            for i, entry in enumerate(levels):
+                value = _path(entry, ("totals", field))
+                if value is not None:
+                    family.add_metric([_level(entry, i)], value)
+            yield family
 
         stats = self._report("stats")
+        for field, name, help_text in _FILTER_COUNTERS:
+            value = _path(stats, ("filter_probes", field))
+            if value is not None:
+                family = CounterMetricFamily(name, help_text)
+                family.add_metric([], value)
+                yield family
         for fields, family_cls in ((_STATS_COUNTERS, CounterMetricFamily), (_STATS_GAUGES, GaugeMetricFamily)):
             for path, name, help_text in fields:
                 value = _path(stats, path)

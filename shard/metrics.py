@@ -73,12 +73,16 @@ def _number(v) -> float | None:
 def flatten_numbers(obj, prefix: str = "", list_keys: tuple[str, ...] = ("levels",)) -> dict[str, float]:
     """Every numeric leaf of a JSON-like ``obj`` by dotted path (bools and non-numbers skipped).
 
-    Lists are followed only under the keys in ``list_keys`` (per-level lists, indexed by level);
-    other lists (per-table or per-run detail) are skipped: their positions mean nothing across
+    Lists are followed only under the keys in ``list_keys`` (per-level lists), each item under
+    its own ``"level"`` number (its position when it has none): a filter report lists only
+    the levels that hold tables, so positions would pair one shard's L1 with another's L0.
+    Other lists (per-table or per-run detail) are skipped: their positions mean nothing across
     shards, and they would make a metric per table.
 
     >>> flatten_numbers({"a": 1, "b": {"c": 2.5, "d": "x"}, "levels": [{"n": 3}], "tables": [4]})
     {'a': 1.0, 'b.c': 2.5, 'levels.0.n': 3.0}
+    >>> flatten_numbers({"levels": [{"level": 2, "n": 3}]})
+    {'levels.2.level': 2.0, 'levels.2.n': 3.0}
     """
     out: dict[str, float] = {}
     if isinstance(obj, dict):
@@ -87,11 +91,79 @@ def flatten_numbers(obj, prefix: str = "", list_keys: tuple[str, ...] = ("levels
             if isinstance(v, (list, tuple)):
                 if k in list_keys:
                     for i, item in enumerate(v):
-                        out.update(flatten_numbers(item, f"{path}.{i}", list_keys))
+                        level = item.get("level") if isinstance(item, dict) else None
+                        key = level if isinstance(level, int) and not isinstance(level, bool) else i
+                        out.update(flatten_numbers(item, f"{path}.{key}", list_keys))
                 continue
             out.update(flatten_numbers(v, path, list_keys))
         return out
     n = _number(obj)
     if n is not None and prefix:
         out[prefix] = n
+    return out
+
+
+# -- totals over shards ---------------------------------------------------------------------------
+# The leaves of a flattened report that are not amounts: summing them over shards means nothing.
+# Ratios are recomputed from the summed counts (RATIOS); identifiers, settings and model
+# estimates (NOT_SUMMED) are kept only where every shard gives the same value ("levels.1.level"
+# is 1 everywhere; a single shard's totals keep them all) and left out where they differ (each
+# shard's own section still has them).
+RATIOS = {
+    # leaf: (numerator leaves, denominator leaves), all siblings under the same prefix
+    "observed_fpr": (("false_positives",), ("false_positives", "negatives")),
+    "false_ratio": (("false_positives",), ("false_positives", "true_positives")),
+    "data_blocks_read_per_get": (("data_blocks_read",), ("gets",)),
+    "bits_per_key": (("filter_bytes",), ("keys",)),  # x 8, see _ratio
+}
+NOT_SUMMED = frozenset({
+    "level", "output_level", "number", "last_sequence",  # identifiers, positions
+    "effective_bits_per_key", "uniform_bits_per_key", "expected_fpr",  # per-shard settings
+    "expected_reads_per_miss_actual", "expected_reads_per_miss_optimal",
+    "expected_reads_per_miss_uniform",  # a model per shard, not an amount
+})
+
+
+def _ratio(leaf: str, num: float, den: float) -> float:
+    return 8 * num / den if leaf == "bits_per_key" else num / den
+
+
+def sum_totals(parts) -> dict[str, float]:
+    """The cluster's totals from shards' flattened reports (:func:`flatten_numbers` dicts):
+    amounts summed, ratios recomputed from the summed amounts (a ratio with a zero or missing
+    denominator is left out, as the engine reports None), identifiers and per-shard figures
+    kept where all shards agree and left out where they differ.
+
+    >>> t = sum_totals([{"t.false_positives": 1, "t.negatives": 9, "t.observed_fpr": 0.1,
+    ...                  "levels.1.level": 1, "log.number": 7},
+    ...                 {"t.false_positives": 3, "t.negatives": 7, "t.observed_fpr": 0.3,
+    ...                  "levels.1.level": 1, "log.number": 12}])
+    >>> t == {"t.false_positives": 4.0, "t.negatives": 16.0, "t.observed_fpr": 0.2,
+    ...       "levels.1.level": 1.0}
+    True
+    """
+    sums: dict[str, float] = {}
+    ratios: set[str] = set()
+    same: dict[str, float | None] = {}  # NOT_SUMMED leaves: the common value, None if not
+    for part in parts:
+        for key, value in part.items():
+            leaf = key.rsplit(".", 1)[-1]
+            if leaf in RATIOS:
+                ratios.add(key)
+            elif leaf in NOT_SUMMED:
+                value = float(value)
+                same[key] = value if same.get(key, value) == value else None
+            else:
+                sums[key] = sums.get(key, 0.0) + float(value)
+    out = dict(sums)
+    out.update((k, v) for k, v in same.items() if v is not None)
+    for key in ratios:
+        prefix, _, leaf = key.rpartition(".")
+        at = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
+        nums, dens = RATIOS[leaf]
+        if not all(at(n) in sums for n in nums + dens):
+            continue
+        den = sum(sums[at(n)] for n in dens)
+        if den:
+            out[key] = _ratio(leaf, sum(sums[at(n)] for n in nums), den)
     return out

@@ -15,7 +15,7 @@ import grpc
 from sievekv_proto import sievekv_pb2 as pb
 
 from .limits import Limits
-from .metrics import flatten_numbers
+from .metrics import flatten_numbers, sum_totals
 from .status import StatusError
 
 SCAN_BATCH_ENTRIES = 512
@@ -130,7 +130,7 @@ class KVServicer:
 def report_response(cls, name: str, address: str, report: dict):
     """A StatsResponse/FilterReportResponse holding one shard's ``report``."""
     text = json.dumps(report, sort_keys=True, default=str)
-    totals = flatten_numbers(report)
+    totals = sum_totals([flatten_numbers(report)])  # the same totals a router gives
     return cls(shards=[pb.ShardSection(shard=name, address=address, ok=True, json=text)],
                totals=totals,
                json=json.dumps({"shards": {name: report}, "totals": totals, "errors": {}},
