@@ -23,7 +23,10 @@ From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
 ``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
 ``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``,
-``sievekv_engine_recovered_errors_total``; and the states an operator alerts on (0 or 1):
+``sievekv_engine_recovered_errors_total``, ``sievekv_engine_gets_total``,
+``sievekv_engine_get_data_blocks_read_total``; from ``db.filter_report()["cap"]`` (with a
+filter memory cap) ``sievekv_engine_filter_cap_faults_total`` and ``..._evictions_total``;
+and the states an operator alerts on (0 or 1):
 ``sievekv_engine_writes_refused`` (the engine is in its failed state), with
 ``sievekv_engine_writes_refused_retrying`` (... because of a full disk, retried by itself: no
 restart needed) and ``sievekv_engine_compaction_retrying`` (a compaction failed on a full disk
@@ -64,6 +67,12 @@ _STATS_COUNTERS = (
     (("block_cache", "misses"), "sievekv_engine_block_cache_misses", "Block cache misses"),
     (("background_errors",), "sievekv_engine_background_errors", "Failed background flushes/compactions"),
     (("recovered_errors",), "sievekv_engine_recovered_errors", "Full-disk failed states ended by a successful flush"),
+    (("gets",), "sievekv_engine_gets", "Point lookups (Get, and each key of a MultiGet)"),
+    (("data_blocks_read",), "sievekv_engine_get_data_blocks_read", "Data blocks read by point lookups"),
+)
+_CAP_COUNTERS = (
+    ("faults", "sievekv_engine_filter_cap_faults", "Filter partitions made resident under the cap"),
+    ("evictions", "sievekv_engine_filter_cap_evictions", "Filter partitions released to stay under the cap"),
 )
 _STATE_GAUGES = (
     ("failed", "sievekv_engine_writes_refused", "1 while the engine refuses writes after a failure"),
@@ -117,6 +126,14 @@ class EngineCollector:
                 if value is not None:
                     family.add_metric([_level(entry, i)], value)
             yield family
+
+        cap = filters.get("cap") if isinstance(filters.get("cap"), dict) else {}
+        for field, name, help_text in _CAP_COUNTERS:
+            value = _path(cap, (field,))
+            if value is not None:
+                family = CounterMetricFamily(name, help_text)
+                family.add_metric([], value)
+                yield family
 
         stats = self._report("stats")
         for field, name, help_text in _FILTER_COUNTERS:

@@ -631,3 +631,25 @@ def test_router_filter_report_level_totals_add_up_the_same_level(procs, tmp_path
             by_level[lv["level"]] = by_level.get(lv["level"], 0) + lv["totals"]["keys"]
     shown = {int(doc["totals"][k]) for k in doc["totals"] if re.fullmatch(r"levels\.\d+\.level", k)}
     assert shown == set(by_level)  # every level the shards have, and no made-up one
+
+
+def test_prometheus_counts_gets_blocks_and_filter_cap_work(procs, tmp_path):
+    """Added with the review's fixes: gets, the data blocks they read and the filter cap's
+    faults and evictions are counters, equal to the shard's own reports."""
+    from router.cli import rpc
+
+    shards, ports, router, _ = _start(procs, str(tmp_path), 1, options=(
+        "table_workers=0", "memtable_bytes=65536", "filter_memory_cap=8192"))
+    with Client(router.address, retries=0) as c:
+        for r in range(3):  # several tables, so an 8 KiB cap must release partitions
+            c.write([(b"key-%d-%05d" % (r, i), b"v" * 40) for i in range(1500)])
+            c.flush()
+        keys = [b"key-%d-%05d" % (r, i) for r in range(3) for i in range(0, 1500, 5)]
+        assert all(v == b"v" * 40 for v in c.multi_get(keys))
+    series = counter_series(strict_parse(scrape_text(ports[0])))
+    st = rpc.report_json(shards[0].address, "Stats", 10)["shards"]["s0"]
+    cap = rpc.report_json(shards[0].address, "FilterReport", 10)["shards"]["s0"]["cap"]
+    assert series[("sievekv_engine_gets_total", ())] == st["gets"] >= len(keys)
+    assert series[("sievekv_engine_get_data_blocks_read_total", ())] == st["data_blocks_read"] > 0
+    assert series[("sievekv_engine_filter_cap_faults_total", ())] == cap["faults"] > 0
+    assert series[("sievekv_engine_filter_cap_evictions_total", ())] == cap["evictions"] > 0
