@@ -128,7 +128,8 @@ class DB(Background):
         self.block_cache = BlockCache(opts.block_cache_bytes) if opts.block_cache_bytes else None
         self.filter_cap = FilterCap(opts.filter_memory_cap)
         self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap,
-                                mmap_reads=opts.mmap_reads)
+                                mmap_reads=opts.mmap_reads,
+                                raise_open_file_limit=opts.raise_open_file_limit)
         # Worker processes need the real file system (a test fs cannot cross processes).
         self._pool = (shared_pool(opts.table_workers)
                       if opts.table_workers > 0 and type(fs) is FileSystem else None)

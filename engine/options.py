@@ -56,6 +56,7 @@ class Options:
     restart_interval: int = _opt(1, "keys between restart points in a data block (1: keys stored whole, point reads binary-search the restart array)", lo=1)
     data_block_hash_index: bool = _opt(True, "with restart_interval 1, end each data block of at most 255 entries with a hash index (2 bytes per entry) so a get hashes to its entry instead of binary-searching (blocks with more entries, e.g. tiny values in big blocks, get none)")
     block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks read by scans, and by gets when mmap_reads is off (bytes, 0: none)", lo=0)
+    raise_open_file_limit: bool = _opt(True, "raise the process's soft open-file limit (RLIMIT_NOFILE) to the hard one when the open tables need more descriptors (3 per table; engine/open_files.py). False: leave it, and a table past the limit fails to open")
     mmap_reads: bool = _opt(True, "gets read data blocks from a read-only memory mapping of each table (LevelDB's default on 64-bit), checksum verified per read, bypassing the block cache; costs one more file descriptor per open table; a table the OS will not map reads with pread; a disk error under a mapped page ends the process (SIGBUS) instead of failing the read. False: pread through the block cache")
     # -- filters ---------------------------------------------------------------------------------
     filter_policy: Any = _opt("blocked-bloom", "filter kind for new tables (None: no filters)")

@@ -29,6 +29,7 @@ import threading
 
 from .errors import CorruptionError, StorageIOError
 from .filenames import table_file_name
+from .open_files import Headroom, soft_limit
 from .sstable import Table
 
 _RETIRED_KEYS = ("data_blocks_read", "map_failures", "filter_positives", "filter_negatives",
@@ -47,7 +48,7 @@ class TableSet:
     """Open tables keyed by file number, closed when their last reference goes."""
 
     def __init__(self, fs, dirname: str, *, block_cache=None, residency=None,
-                 mmap_reads: bool = False):
+                 mmap_reads: bool = False, raise_open_file_limit: bool = False):
         self._fs = fs
         self._mmap_reads = mmap_reads
         self._dirname = dirname
@@ -58,6 +59,7 @@ class TableSet:
         self._refs: dict[int, int] = {}
         self._closed = False
         self.retired = {k: 0 for k in _RETIRED_KEYS}
+        self._headroom = Headroom(raise_open_file_limit)
         self.opened = 0
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._releaser: threading.Thread | None = None  # started by the first ref()
@@ -69,6 +71,7 @@ class TableSet:
             if t is not None:
                 return t
         path = table_file_name(self._dirname, number)
+        self._headroom.check(len(self._tables) + 1)
         try:
             t = Table.open(self._fs, path, file_number=number, block_cache=self._block_cache,
                            residency=self._residency, mmap_reads=self._mmap_reads)
@@ -79,11 +82,13 @@ class TableSet:
                 # Every table stays open (RocksDB's default, max_open_files = -1): say so.
                 with self._lock:
                     n = len(self._tables)
+                limit = soft_limit()
                 raise StorageIOError(
                     f"too many open files with {n} tables open (each holds up to 3 "
-                    "descriptors: the file and its data and filter mappings); raise the "
-                    "open-file limit (ulimit -n, or LimitNOFILE= under systemd; a shard raises "
-                    "its soft limit to the hard one)", path=path, errno_=exc.errno) from exc
+                    "descriptors: the file and its data and filter mappings; the limit is "
+                    f"{'unlimited' if limit is None else limit}); raise the hard open-file "
+                    "limit (ulimit -Hn, or LimitNOFILE= under systemd: the DB raises the soft "
+                    "limit up to it by itself)", path=path, errno_=exc.errno) from exc
             raise
         with self._lock:
             have = self._tables.get(number)

@@ -26,6 +26,7 @@ import sys
 import threading
 
 from engine.errors import SieveError
+from engine.open_files import raise_to_hard
 
 from .backend import open_engine
 from .limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
@@ -76,25 +77,11 @@ def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
 def raise_open_file_limit(logger: logging.Logger = log) -> tuple[int, int]:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit; return (old, new) soft.
 
-    Every open table holds a descriptor for its file and one per mapping (filter region, and
-    data blocks with ``mmap_reads``): three per table. A common soft default of 1024 would stop
-    a shard at ~340 tables (~1.3 GB at the default 4 MiB target table size); servers raise it
-    at startup (as ``ulimit -n`` in their unit files does). A failure leaves the limit as it
-    was and is logged, never fatal.
+    A server raises it at startup (as ``ulimit -n`` in a unit file would), before any table is
+    open; the engine would also raise it when its tables need it (engine/open_files.py says
+    why: up to three descriptors per open table). A failure is logged, never fatal.
     """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft >= hard:
-        return soft, soft
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError) as exc:
-        logger.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
-        return soft, soft
-    logger.info("open-file limit raised from %d to %d", soft, target)
-    return soft, target
+    return raise_to_hard(logger)
 
 
 def write_port_file(path: str, port: int) -> None:
