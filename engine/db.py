@@ -143,7 +143,18 @@ class DB(Background):
         self._last_seq = state.last_sequence
         self.counters.recovered_entries = state.replayed_entries
         self.counters.recovered_tables = state.tables_written
-        self._publish()
+        try:
+            self._publish()  # opens every live table: a damaged one raises here
+        except BaseException:
+            # Give back what recovery took (the lock first of all): a later open of this
+            # directory in this process must see the damage again, not a LockedError.
+            for release in (state.log.close, state.manifest.close, self._tables.close,
+                            state.lock.release):
+                try:
+                    release()
+                except Exception:  # noqa: BLE001 - the first failure is the one to report
+                    pass
+            raise
         self._threads = [threading.Thread(target=self._flush_loop, name=f"sievekv-flush {path}",
                                           daemon=True),
                          threading.Thread(target=self._compaction_loop,

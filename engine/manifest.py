@@ -100,8 +100,9 @@ class Manifest:
     ) -> "Manifest":
         """Rebuild the state from the manifest that ``CURRENT`` names.
 
-        Replays every edit; a torn last record is dropped (``recovered_torn_bytes``), any other
-        damage raises CorruptionError naming the manifest and offset. Unless ``read_only``,
+        Replays every edit; a torn last record (short, or ending in unwritten zero sectors) is
+        dropped (``recovered_torn_bytes``), any other damage, a complete last record with a bad
+        checksum included, raises CorruptionError naming the manifest and offset. Unless ``read_only``,
         then writes the state as a snapshot to a new manifest and switches ``CURRENT`` to it
         (never appending after a torn tail); the old manifest is left for :func:`obsolete_files`.
         O(size of the manifest).
@@ -111,7 +112,9 @@ class Manifest:
         m = cls(fs, dirname, max_manifest_bytes=max_manifest_bytes, read_only=read_only)
         m.manifest_number = filenames.parse_file_name(name)[1]
         try:
-            result = read_log(fs, path)
+            # strict_tail: the last edit was synced and may have been acted on (logs and
+            # compaction inputs deleted); dropping a damaged one would serve older values.
+            result = read_log(fs, path, strict_tail=True)
         except StorageIOError as exc:
             if exc.errno == errno.ENOENT:  # LevelDB: "CURRENT points to a non-existent file"
                 raise CorruptionError(f"CURRENT names {name}, which does not exist",

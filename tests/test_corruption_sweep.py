@@ -23,7 +23,8 @@ the log (one L0 and the L1 table). Offsets are every byte for the small files (l
 CURRENT) and a seeded sample per region of docs/format.md "SSTable" for tables; the bit flipped
 at each offset is seeded too. Seeds and counts are in the test ids and the failure messages.
 
-Findings are xfail(strict=True) tests at the end of the module.
+Its findings, strict xfails at first, are fixed; the tests at the end of the module say what
+was wrong.
 """
 
 from __future__ import annotations
@@ -504,7 +505,7 @@ def test_sweep_log_cut_at_record_ends_and_sampled_offsets(built, tmp_path):
 class ManifestRule:
     """A flip in any record but the last must fail the open with CorruptionError naming the
     manifest and that record's offset (docs/format.md "Manifest file"). The last record is
-    swept by the xfail test at the end of the module."""
+    swept by a test at the end of the module."""
 
     def __init__(self, b: Built, data: bytes):
         self.b = b
@@ -579,14 +580,13 @@ def test_compaction_over_a_damaged_data_block_fails_or_keeps_every_answer(built,
 
 
 # ---------------------------------------------------------------------------------------------
-# findings (xfail strict: each fails today, and passes once the engine is fixed)
+# findings (strict xfails until session 6, when the engine was fixed)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "finding: the manifest's last record is read with the WAL's torn-tail rule, so a flipped "
-    "bit in a complete, synced last edit is dropped silently; open then serves the previous "
-    "version (an older value comes back: a flush whose log was already deleted is lost) and "
-    "deletes the newer table as obsolete (engine/manifest.py Manifest.recover, "
-    "engine/wal/reader.py parse_log)"))
+# Fixed in session 6; was a strict xfail: finding: the manifest's last record is read with the
+# WAL's torn-tail rule, so a flipped bit in a complete, synced last edit is dropped silently;
+# open then serves the previous version (an older value comes back: a flush whose log was already
+# deleted is lost) and deletes the newer table as obsolete (engine/manifest.py Manifest.recover,
+# engine/wal/reader.py parse_log)
 def test_a_flipped_bit_in_the_last_manifest_record_never_brings_back_an_older_value(tmp_path):
     path = str(tmp_path / "db")
     with engine.DB.open(path, table_workers=0) as db:
@@ -606,12 +606,12 @@ def test_a_flipped_bit_in_the_last_manifest_record_never_brings_back_an_older_va
             got = db.get(b"k")
     except CorruptionError:
         return  # the fix: the damage is reported
-    assert got == b"new"  # today: b"old"
+    assert got == b"new"  # before session 6: b"old"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "finding: every flip in the manifest's last record (docs/format.md \"Manifest file\": "
-    "torn last record dropped) opens to the previous version: wrong answers, not an error"))
+# Fixed in session 6; was a strict xfail: finding: every flip in the manifest's last record
+# (docs/format.md \"Manifest file\": torn last record dropped) opens to the previous version:
+# wrong answers, not an error
 def test_sweep_manifest_every_byte_of_the_last_record(built, tmp_path):
     b = built["flushed"]
     (name,) = _names(b, "manifest")
@@ -622,11 +622,10 @@ def test_sweep_manifest_every_byte_of_the_last_record(built, tmp_path):
     print(f"\nseed {SEED} flushed {name} last record (every byte): {counts}")
 
 
-@pytest.mark.xfail(strict=True, raises=LockedError, reason=(
-    "finding: DB.open that fails after recovery (a damaged table found when the read state "
-    "is built, engine/db.py DB._init -> _publish) never releases the directory lock, the "
-    "manifest or the new log: every later open of that directory in the process raises "
-    "LockedError, even after the file is repaired"))
+# Fixed in session 6; was a strict xfail: finding: DB.open that fails after recovery (a damaged
+# table found when the read state is built, engine/db.py DB._init -> _publish) never releases the
+# directory lock, the manifest or the new log: every later open of that directory in the process
+# raises LockedError, even after the file is repaired
 def test_a_failed_open_releases_the_directory_lock(tmp_path):
     path = str(tmp_path / "db")
     with engine.DB.open(path, table_workers=0) as db:
@@ -643,7 +642,7 @@ def test_a_failed_open_releases_the_directory_lock(tmp_path):
     with open(table, "wb") as f:
         f.write(good)  # repaired
     try:
-        with engine.DB.open(path, table_workers=0) as db:  # today: LockedError
+        with engine.DB.open(path, table_workers=0) as db:  # before session 6: LockedError
             assert db.get(b"k") == b"v"
     finally:
         _close_what_a_failed_open_left(path)  # the descriptors the failed open kept

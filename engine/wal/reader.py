@@ -14,6 +14,15 @@ prefix at offset ``X``. Then every later offset ``Y > X`` is tried as the start 
 
 A record whose checksum passes but whose type is unknown raises :class:`CorruptionError` (a file
 from a newer format, or damage that a checksum cannot see).
+
+``strict_tail`` (the manifest's rule): a bad last record is corruption, not a torn tail, when a
+torn write cannot explain it (:func:`_damaged_last_record`): a complete record whose checksum
+fails, unless its bytes from a 512-byte boundary inside it to the end of the file are all zero
+(sectors a crash never wrote); or a record that is valid once its length field is read as
+"to the end of the file", or its type byte as FULL. A crash during an append leaves a short
+record or unwritten (zero) sectors; anything else is damage to a record the engine may already
+have acted on (LevelDB's log reader reports a checksum mismatch the same way, though it drops
+a last record whose length runs past the end).
 """
 
 from __future__ import annotations
@@ -108,7 +117,69 @@ def _find_valid_record(data: bytes, start: int, size: int) -> int:
     return -1
 
 
-def parse_log(data: bytes, path: str = "<memory>") -> LogReadResult:
+SECTOR = 512
+
+
+ONE_BIT_SEARCH_MAX = 4096
+"""Largest payload searched for a single flipped bit (8 checksums per byte: ~0.1 s at 4 KiB;
+runs only on a damaged last record)."""
+
+
+def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, crc: int) -> bool:
+    """Whether flipping one bit of the stored checksum or of ``payload`` makes it valid."""
+    diff = record_crc(pos, rtype, payload) ^ crc
+    if diff & (diff - 1) == 0:
+        return True  # the checksum field itself
+    if len(payload) > ONE_BIT_SEARCH_MAX:
+        return False
+    head = _value(_pack_prefix(pos, len(payload), rtype))  # the checksum of payload[:i]
+    for i, orig in enumerate(payload):
+        rest = payload[i + 1:]
+        for bit in (1, 2, 4, 8, 16, 32, 64, 128):
+            if _extend(_extend(head, bytes((orig ^ bit,))), rest) == crc:
+                return True
+        head = _extend(head, payload[i:i + 1])
+    return False
+
+
+def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
+    """Whether the bad last record at ``pos`` is damage rather than a torn write (strict tail):
+
+    * its length field is wrong: the record is valid when it runs to the end of the file;
+    * its type byte is wrong: the record is valid as a FULL record of its stated length;
+    * it is complete (header and stated payload in the file, type not 0) and one flipped bit
+      (of the checksum or a payload of at most ``ONE_BIT_SEARCH_MAX`` bytes) makes it valid;
+    * or it is complete and its bytes are not a crash's unwritten sectors (a zero run from a
+      ``SECTOR`` boundary inside the record to the end of the file).
+
+    A torn write is a short record, or one ending in zero sectors: a checksum that matches
+    another reading of the header is never a torn write (a 2^-32 chance).
+    """
+    if size - pos < LOG_HEADER_SIZE:
+        return False
+    masked, n, rtype = _unpack_header(data, pos)
+    crc = _unmask(masked)
+    start = pos + LOG_HEADER_SIZE
+    end = start + n
+    if rtype and end != size and record_crc(pos, rtype, data[start:size]) == crc:
+        return True  # the length field
+    if end > size:
+        return False  # short: torn
+    if rtype != LOG_RECORD_FULL and record_crc(pos, LOG_RECORD_FULL, data[start:end]) == crc:
+        return True  # the type byte
+    if rtype == 0:
+        return False  # zero fill
+    if _one_bit_from_valid(pos, rtype, data[start:end], crc):
+        return True  # a flipped bit, even where the payload happens to end in zeros
+    z = (pos // SECTOR + 1) * SECTOR  # the first sector boundary after the record's start
+    while z < end:
+        if not data[z:size].strip(b"\0"):
+            return False  # unwritten sectors: torn
+        z += SECTOR
+    return True
+
+
+def parse_log(data: bytes, path: str = "<memory>", strict_tail: bool = False) -> LogReadResult:
     """Parse a whole log image held in memory. See the module docstring for the rule."""
     if type(data) is not bytes:
         data = bytes(data)
@@ -135,6 +206,10 @@ def parse_log(data: bytes, path: str = "<memory>") -> LogReadResult:
                     path=path,
                     offset=pos,
                 )
+            if strict_tail and _damaged_last_record(data, pos, size):
+                raise CorruptionError(
+                    "the last record is damaged (a checksum, length or type that a torn write "
+                    "cannot leave)", path=path, offset=pos)
             break  # torn tail: nothing valid after pos
         if rtype != LOG_RECORD_FULL:
             raise CorruptionError(f"unknown log record type {rtype}", path=path, offset=pos)
@@ -145,7 +220,7 @@ def parse_log(data: bytes, path: str = "<memory>") -> LogReadResult:
     return result
 
 
-def read_log(fs, path: str) -> LogReadResult:
+def read_log(fs, path: str, strict_tail: bool = False) -> LogReadResult:
     """Read every record of the log at ``path`` through ``fs`` (an engine.vfs.FileSystem).
 
     Returns the good records, the offset where they end and how many torn-tail bytes were
@@ -153,4 +228,4 @@ def read_log(fs, path: str) -> LogReadResult:
     StorageIOError if the file cannot be read. Reads the whole file into memory: O(file size).
     Safe to call from any thread; the file must not be appended to while it is read.
     """
-    return parse_log(fs.read_file(path), path)
+    return parse_log(fs.read_file(path), path, strict_tail)
