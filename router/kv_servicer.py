@@ -41,6 +41,23 @@ def _sync(request):
     return request.sync if request.HasField("sync") else None
 
 
+def _fan_out_call(method, request, timeout: float, pool, context):
+    """``method.future(request)`` for one shard's part of a fan-out, holding a slot of ``pool``
+    (already taken) that is given back as soon as *this* part ends, not when the whole fan-out
+    does: a stalled shard must not keep a healthy shard's slots, which would make that shard
+    look hung and refuse its calls. A client that cancels cancels the part."""
+    future = method.future(request, timeout=timeout)
+
+    def settle(f):
+        code = f.code()  # the call has ended: this does not block
+        pool.release(code is not grpc.StatusCode.DEADLINE_EXCEEDED
+                     and code is not grpc.StatusCode.CANCELLED)
+
+    future.add_done_callback(settle)
+    context.add_callback(future.cancel)
+    return future
+
+
 class RouterKV:
     """``scan_timeout``: the deadline of a Scan stream whose client set none (a long scan is
     not a hung one: scans get the long-call default, not ``default_timeout``). ``max_scans``:
@@ -103,31 +120,31 @@ class RouterKV:
         order = sorted(groups)
         taken = self._acquire_all(order, context, write=False)
         calls = []
-        answered = {}
         try:
             timeout = shard_timeout(context, self.default_timeout)
             for idx in order:
                 shard = self.shards[idx]
                 positions = groups[idx]
                 part = pb.MultiGetRequest(keys=[keys[i] for i in positions])
-                calls.append((idx, positions, shard.kv.MultiGet.future(part, timeout=timeout)))
+                calls.append((idx, positions, _fan_out_call(shard.kv.MultiGet, part, timeout,
+                                                            shard.reads, context)))
             found = [False] * len(keys)
             values = [b""] * len(keys)
             for idx, positions, future in calls:
                 try:
                     response = future.result()
                 except grpc.RpcError as exc:
-                    answered[idx] = exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED
                     raise self.shards[idx].error(exc) from None
-                answered[idx] = True
+                except grpc.FutureCancelledError:
+                    raise StatusError(grpc.StatusCode.CANCELLED, "cancelled by the client") from None
                 for i, f, v in zip(positions, response.found, response.values):
                     found[i] = f
                     values[i] = v
         finally:
             for _, _, future in calls:
                 future.cancel()
-            for idx in taken:
-                self.shards[idx].reads.release(answered.get(idx, False))
+            for idx in taken[len(calls):]:  # slots taken for calls never made
+                self.shards[idx].reads.release(False)
         return pb.MultiGetResponse(found=found, values=values)
 
     def _acquire_all(self, order: list[int], context, write: bool) -> list[int]:
@@ -174,7 +191,6 @@ class RouterKV:
             raise StatusError(exc.code, summary, trailers=(
                 ((WRITE_RESULT_TRAILER, report),) if report is not None else ())) from None
         futures = {}
-        answered = {}
         results = []
         failed = []
         try:
@@ -182,26 +198,30 @@ class RouterKV:
             for idx in order:
                 part = request if len(order) == 1 else pb.WriteRequest(mutations=groups[idx],
                                                                       sync=sync)
-                futures[idx] = self.shards[idx].kv.Write.future(part, timeout=timeout)
+                shard = self.shards[idx]
+                futures[idx] = _fan_out_call(shard.kv.Write, part, timeout, shard.writes,
+                                             context)
             for idx in order:
                 shard = self.shards[idx]
                 n = len(groups[idx])
                 try:
                     futures[idx].result()
-                except grpc.RpcError as exc:
-                    answered[idx] = exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED
-                    code, details = translate(shard.label, exc)
+                except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+                    if isinstance(exc, grpc.RpcError):
+                        code, details = translate(shard.label, exc)
+                    else:  # the client cancelled: the shard may or may not have applied it
+                        code, details = grpc.StatusCode.CANCELLED, "cancelled by the client"
                     results.append(pb.ShardWriteResult(shard=shard.name, applied=False,
                                                        mutations=n, code=code.value[0],
                                                        message=details))
                     failed.append((code, details))
                 else:
-                    answered[idx] = True
                     results.append(pb.ShardWriteResult(shard=shard.name, applied=True,
                                                        mutations=n))
         finally:
             for idx in taken:
-                self.shards[idx].writes.release(answered.get(idx, False))
+                if idx not in futures:  # slots taken for calls never made
+                    self.shards[idx].writes.release(False)
         response = pb.WriteResponse(shards=results)
         if failed:
             applied = [r.shard for r in results if r.applied]
