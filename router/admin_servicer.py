@@ -8,7 +8,9 @@
   first failure's code and the AdminResponse rides in trailing metadata
   ``sievekv-admin-result-bin``.
 - ClusterInfo returns the cluster map with each shard's health (grpc.health.v1 Check, at most
-  ``HEALTH_TIMEOUT`` seconds).
+  ``HEALTH_TIMEOUT`` seconds), or ``DUPLICATE of shard X`` for a map entry whose address
+  reaches the same shard process as an earlier one (its own name and address, from the
+  shard's ClusterInfo: ``127.0.0.1:P`` and ``localhost:P`` are not told apart by the map).
 """
 
 from __future__ import annotations
@@ -112,13 +114,26 @@ class RouterAdmin:
     def ClusterInfo(self, request, context):
         timeout = min(HEALTH_TIMEOUT, shard_timeout(context, HEALTH_TIMEOUT))
         check = health_pb2.HealthCheckRequest(service="")
-        calls = [(s, s.health.Check.future(check, timeout=timeout)) for s in self.shards]
+        calls = [(s, s.health.Check.future(check, timeout=timeout),
+                  s.admin.ClusterInfo.future(pb.ClusterInfoRequest(), timeout=timeout))
+                 for s in self.shards]
         infos = []
-        for spec, (shard, future) in zip(self.cluster_map.shards, calls):
+        seen: dict[tuple[str, str], str] = {}  # a shard process's own (name, address) -> map name
+        for spec, (shard, future, who) in zip(self.cluster_map.shards, calls):
             try:
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(future.result().status)
             except grpc.RpcError:
                 status = "UNREACHABLE"
+            try:
+                own = who.result().shards[0]
+                identity = (own.name, own.address)
+            except (grpc.RpcError, IndexError):
+                identity = None
+            if identity is not None:
+                if identity in seen:  # two map entries reach one process: scans would repeat
+                    status = f"DUPLICATE of shard {seen[identity]}"
+                else:
+                    seen[identity] = spec.name
             infos.append(pb.ShardInfo(name=spec.name, address=spec.address, health=status,
                                       slots=[pb.SlotRange(start=a, end=b) for a, b in spec.slots]))
         return pb.ClusterInfoResponse(role="router", slot_count=SLOT_COUNT,

@@ -36,7 +36,14 @@ def batches(entries: Iterable[tuple[bytes, bytes]], limit: int) -> Iterator[pb.S
     values: list[bytes] = []
     size = 0
     left = limit or -1
+    prev = None
     for key, value in entries:
+        if key == prev:
+            # Two streams gave the same key: one shard process named twice in the cluster
+            # map (127.0.0.1:P and localhost:P), or data a map change left behind. A scan
+            # shows each key once (the first stream's entry).
+            continue
+        prev = key
         keys.append(key)
         values.append(value)
         size += len(key) + len(value)
