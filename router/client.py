@@ -9,22 +9,29 @@ whole cluster) or to one shard (its data only); both serve the same services.
         for key, value in c.scan(b"a", b"z", limit=10): ...
 
 Every method takes ``timeout`` (seconds, the call's whole budget including retries; default
-``Client.timeout``). Reads (get, multi_get, scan, stats, filter_report, cluster_info) are
-retried on UNAVAILABLE, and on a CANCELLED this client did not cause (a server stopping
-cancels the calls it had received but not started), with exponential backoff (``retries``
-times at most, delays ``backoff * 2**i`` capped at ``max_backoff``, never past the
-deadline; the defaults span ~1.3-2.6 s, longer than a channel's 2 s reconnect backoff, so
-a read outlives a process restart); a scan that fails
-mid-way resumes after the last key it yielded; a multi_get whose answer is over the message
-limit (large values) is asked again in halves. Writes are not retried: the caller decides
-(a Put is idempotent, but a Write spanning shards may have applied in part). Errors are
-:mod:`router.client_errors` classes. Thread-safe: one Client may be shared by threads.
+``Client.timeout``).
+Reads (get, multi_get, scan, stats, filter_report, cluster_info) are retried on UNAVAILABLE,
+and on a CANCELLED this client did not cause (a server stopping cancels the calls it had
+received but not started), with exponential backoff (``retries`` times at most, delays
+``backoff * 2**i`` capped at ``max_backoff``, never past the deadline; the defaults span
+~1.3-2.6 s, longer than a channel's 2 s reconnect backoff, so a read outlives a process
+restart); a scan that fails mid-way resumes after the last key it yielded; a multi_get
+whose answer is over the message limit (large values) is asked again in halves. Writes are
+not retried: the caller decides (a Put is idempotent, but a Write spanning shards may have
+applied in part). Errors are :mod:`router.client_errors` classes. Thread-safe: one Client
+may be shared by threads.
+
+Arguments are checked before anything is sent: a key or value that is not ``bytes`` (a str,
+None where a value is required: ``put(k, None)`` is not a delete) raises TypeError, a number
+out of range (a negative ``limit``, ``timeout``, ``retries`` or ``backoff``) ValueError. A
+call after :meth:`Client.close` raises :class:`~router.client_errors.ClosedError`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import time
 from typing import Iterable, Iterator
@@ -78,6 +85,18 @@ def _section(s) -> errors.ShardResult:
     return errors.ShardResult(s.shard, s.address, s.ok, errors.status_code(s.code), s.error)
 
 
+def _mutation(m) -> pb.Mutation:
+    """The Mutation for a ``(key, value)`` pair of Client.write (value None: a delete)."""
+    try:
+        key, value = m
+    except (TypeError, ValueError):
+        raise TypeError(f"each mutation must be a (key, value) pair, got {m!r:.60}") from None
+    if value is None:
+        return pb.Mutation(key=_check_bytes(key, "each key"), is_delete=True)
+    return pb.Mutation(key=_check_bytes(key, "each key"),
+                       value=_check_bytes(value, "each value (None to delete)"))
+
+
 MAX_TIMEOUT = 1e6
 """Longest timeout accepted, in seconds: gRPC deadlines overflow near 9.2e9 s (every call then
 fails at once with DEADLINE_EXCEEDED)."""
@@ -93,6 +112,40 @@ def _check_timeout(timeout, least: str = "> 0") -> float:
     return timeout
 
 
+def _check_bytes(value, what: str) -> bytes:
+    """``value`` if it is bytes, else TypeError naming ``what``."""
+    if isinstance(value, bytes):
+        return value
+    hint = " (encode it, e.g. with .encode())" if isinstance(value, str) else ""
+    raise TypeError(f"{what} must be bytes, got {type(value).__name__}{hint}")
+
+
+def _check_int(value, what: str, least: int, most: int = 2 ** 64 - 1) -> int:
+    """``value`` if it is an int in ``least..most``, else TypeError/ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{what} must be at least {least}, got {value}")
+    if value > most:
+        raise ValueError(f"{what} must be at most {most}, got {value}")
+    return value
+
+
+def _check_seconds(value, what: str) -> float:
+    """``value`` if it is a finite number of seconds >= 0, else TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not (0 <= value and math.isfinite(value)):
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+def _check_sync(sync) -> bool | None:
+    if sync is not None and not isinstance(sync, bool):
+        raise TypeError(f"sync must be True, False or None, got {type(sync).__name__}")
+    return sync
+
+
 class Client:
     """A connection (one gRPC channel) to a router or a shard. See the module docstring."""
 
@@ -101,10 +154,11 @@ class Client:
                  max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
         self.address = address
         self.timeout = _check_timeout(timeout)
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.retries = _check_int(retries, "retries", 0)
+        self.backoff = _check_seconds(backoff, "backoff")
+        self.max_backoff = _check_seconds(max_backoff, "max_backoff")
         self.limits = Limits(max_value_bytes=max_value_bytes)
+        self._closed = False
         self._channel = grpc.insecure_channel(address, options=[
             *self.limits.grpc_options(), ("grpc.max_reconnect_backoff_ms", 2000),
             *channel_options])
@@ -113,7 +167,14 @@ class Client:
 
     # -- plumbing ------------------------------------------------------------------------------
     def close(self) -> None:
+        """Close the channel. Calls in flight, and any later call, raise ClosedError.
+        Idempotent."""
+        self._closed = True
         self._channel.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClosedError(self.address)
 
     def __enter__(self) -> "Client":
         return self
@@ -140,32 +201,45 @@ class Client:
         deadline = self._deadline(timeout)
         delays = self._delays(deadline) if retry else iter(())
         while True:
+            self._check_open()
             try:
                 return method(request, timeout=max(deadline - time.monotonic(), 0.0))
             except grpc.RpcError as exc:
+                if self._closed:  # close() cancels calls in flight: not the server's doing
+                    raise errors.ClosedError(self.address) from None
                 if exc.code() in RETRYABLE and next(delays, False) is None:
                     continue
                 raise to_client_error(exc) from None
+            except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+                if self._closed:
+                    raise errors.ClosedError(self.address) from None
+                raise
 
     # -- KV ------------------------------------------------------------------------------------
     def get(self, key: bytes, *, timeout: float | None = None) -> bytes | None:
         """The value of ``key``, or None when absent."""
-        r = self._call(self._kv.Get, pb.GetRequest(key=key), timeout, retry=True)
+        request = pb.GetRequest(key=_check_bytes(key, "key"))
+        r = self._call(self._kv.Get, request, timeout, retry=True)
         return r.value if r.found else None
 
     def put(self, key: bytes, value: bytes, *, sync: bool | None = None,
             timeout: float | None = None) -> None:
-        self._call(self._kv.Put, pb.PutRequest(key=key, value=value, sync=sync), timeout, retry=False)
+        """Set ``key`` to ``value`` (bytes; None is refused: delete with :meth:`delete`)."""
+        request = pb.PutRequest(key=_check_bytes(key, "key"), value=_check_bytes(value, "value"),
+                                sync=_check_sync(sync))
+        self._call(self._kv.Put, request, timeout, retry=False)
 
     def delete(self, key: bytes, *, sync: bool | None = None, timeout: float | None = None) -> None:
-        self._call(self._kv.Delete, pb.DeleteRequest(key=key, sync=sync), timeout, retry=False)
+        request = pb.DeleteRequest(key=_check_bytes(key, "key"), sync=_check_sync(sync))
+        self._call(self._kv.Delete, request, timeout, retry=False)
 
     def multi_get(self, keys: Iterable[bytes], *, chunk: int = 1000,
                   timeout: float | None = None) -> list[bytes | None]:
         """Values of ``keys`` in order (None = absent), asked ``chunk`` keys per call. A call
         whose answer is over the message limit (RESOURCE_EXHAUSTED: large values) is asked
         again as two halves, down to one key per call."""
-        keys = list(keys)
+        keys = [_check_bytes(k, "each key") for k in keys]
+        _check_int(chunk, "chunk", 1)
         out: list[bytes | None] = []
         deadline = self._deadline(timeout)
         for i in range(0, len(keys), chunk) if keys else ():
@@ -190,27 +264,42 @@ class Client:
         """Apply ``(key, value)`` pairs (value None = delete) in one Write: atomic per shard.
         Returns one ShardWrite per shard touched; raises PartialWriteError when some shard's
         part failed."""
-        request = pb.WriteRequest(mutations=[
-            pb.Mutation(key=k, is_delete=True) if v is None else pb.Mutation(key=k, value=v)
-            for k, v in mutations], sync=sync)
+        request = pb.WriteRequest(mutations=[_mutation(m) for m in mutations],
+                                  sync=_check_sync(sync))
         r = self._call(self._kv.Write, request, timeout, retry=False)
         return [_shard_write(s) for s in r.shards]
 
     def scan(self, start: bytes | None = None, end: bytes | None = None, limit: int | None = None,
              *, timeout: float | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` with start <= key < end in key order, at most ``limit``. Resumes
-        after the last yielded key when the stream fails with UNAVAILABLE or CANCELLED (within
-        retries): the resumed scan starts *at* that key (its successor ``key + b"\\x00"`` would be over
-        the key limit after a maximal key) and skips it."""
+        """``(key, value)`` with start <= key < end in key order, at most ``limit`` (None or 0:
+        no limit). Resumes after the last yielded key when the stream fails with UNAVAILABLE
+        or CANCELLED (within retries): the resumed scan starts *at* that key (its successor
+        ``key + b"\\x00"`` would be over the key limit after a maximal key) and skips it. The
+        arguments are checked at once; nothing is sent before the first ``next()``."""
+        start = b"" if start is None else _check_bytes(start, "start")
+        end = b"" if end is None else _check_bytes(end, "end")
+        limit = 0 if limit is None else _check_int(limit, "limit", 0, 2 ** 64 - 2)
+        if timeout is not None:
+            _check_timeout(timeout, ">= 0")
+        self._check_open()
+        return self._scan(start, end, limit, timeout)
+
+    def _scan(self, start: bytes, end: bytes, limit: int,
+              timeout: float | None) -> Iterator[tuple[bytes, bytes]]:
         deadline = self._deadline(timeout)
         delays = self._delays(deadline)
-        left = limit or 0
-        start = start or b""
+        left = limit
         last = None  # the last key yielded: a resumed stream starts at it and skips it
         while True:
-            request = pb.ScanRequest(start=start, end=end or b"",
+            self._check_open()
+            request = pb.ScanRequest(start=start, end=end,
                                      limit=left + 1 if left and last is not None else left)
-            stream = self._kv.Scan(request, timeout=max(deadline - time.monotonic(), 0.0))
+            try:
+                stream = self._kv.Scan(request, timeout=max(deadline - time.monotonic(), 0.0))
+            except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+                if self._closed:
+                    raise errors.ClosedError(self.address) from None
+                raise
             try:
                 for batch in stream:
                     for key, value in zip(batch.keys, batch.values):
@@ -224,6 +313,8 @@ class Client:
                                 return
                 return
             except grpc.RpcError as exc:
+                if self._closed:
+                    raise errors.ClosedError(self.address) from None
                 if exc.code() in RETRYABLE and next(delays, False) is None:
                     continue
                 raise to_client_error(exc) from None
@@ -233,7 +324,11 @@ class Client:
     def batch(self, *, max_mutations: int = 1000, max_bytes: int = 1 << 20,
               sync: bool | None = None, timeout: float | None = None) -> "WriteBatcher":
         """A :class:`WriteBatcher` sending Writes of at most ``max_mutations``/``max_bytes``."""
-        return WriteBatcher(self, max_mutations, max_bytes, sync, timeout)
+        _check_int(max_mutations, "max_mutations", 1)
+        _check_int(max_bytes, "max_bytes", 1)
+        if timeout is not None:
+            _check_timeout(timeout, ">= 0")
+        return WriteBatcher(self, max_mutations, max_bytes, _check_sync(sync), timeout)
 
     # -- Admin ---------------------------------------------------------------------------------
     def _report(self, method, request, timeout) -> dict:
@@ -281,10 +376,13 @@ class WriteBatcher:
         self.results: list[errors.ShardWrite] = []
 
     def put(self, key: bytes, value: bytes) -> None:
+        """Queue a put (``value`` bytes; None is refused, use :meth:`delete`)."""
+        _check_bytes(key, "key")
+        _check_bytes(value, "value")
         self._add(key, value, len(key) + len(value))
 
     def delete(self, key: bytes) -> None:
-        self._add(key, None, len(key))
+        self._add(_check_bytes(key, "key"), None, len(key))
 
     def _add(self, key, value, size) -> None:
         if self.pending and (len(self.pending) >= self.max_mutations or self.size + size > self.max_bytes):

@@ -13,6 +13,12 @@ INTERNAL, UNKNOWN          InternalError
 any other                  ClientError
 =========================  ======================================================
 
+A call on a closed Client raises :class:`ClosedError` (CANCELLED; also a ValueError, as I/O
+on a closed file is). Arguments are checked before anything is sent, as Python functions do:
+a key or value that is not ``bytes`` raises TypeError, a number out of range (a negative
+``limit``, timeout or backoff) ValueError; those are the caller's bugs, not failed calls, so
+they are not ClientErrors. Sizes are the server's to check (InvalidArgumentError).
+
 A Write through the router that applied on some shards only raises :class:`PartialWriteError`
 (a subclass of the class of the failure's code, e.g. UnavailableError) whose ``results`` say
 per shard whether it applied; a Flush/Compact that failed on some shards raises
@@ -57,6 +63,13 @@ class DeadlineExceededError(ClientError):
 
 class InternalError(ClientError):
     pass
+
+
+class ClosedError(ClientError, ValueError):
+    """A call on a :class:`router.client.Client` after its ``close()`` (or one it cut short)."""
+
+    def __init__(self, address: str):
+        super().__init__(grpc.StatusCode.CANCELLED, f"the client of {address} is closed")
 
 
 _BY_CODE = {

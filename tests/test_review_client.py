@@ -132,16 +132,95 @@ def test_a_stalled_shard_does_not_make_a_healthy_one_refuse_writes(procs, tmp_pa
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/client.py put: a None value is sent as an unset proto field and stored as b'' "
-    "(while write() takes a None value to mean delete); it should be refused with a TypeError "
-    "or InvalidArgumentError like any other non-bytes value"))
+# Fixed in session 6; was a strict xfail: router/client.py put sent a None value as an unset
+# proto field, stored as b'' (while write() takes a None value to mean delete).
 def test_put_of_none_is_refused_not_stored_as_an_empty_value(procs, tmp_path):
     shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
     with Client(shard.address, retries=0) as c:
         with pytest.raises((TypeError, ValueError, errors.InvalidArgumentError)):
             c.put(b"k", None)
         assert c.get(b"k") is None
+
+
+def test_client_arguments_that_are_not_bytes_are_refused_before_anything_is_sent(procs, tmp_path):
+    """A str or None key or value is a TypeError naming the argument (not protobuf's "expected
+    bytes, str found", not a call to the server); nothing is stored."""
+    shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
+    with Client(shard.address, retries=0) as c:
+        refused = {
+            "get(str)": (lambda: c.get("k"), "key must be bytes, got str"),
+            "get(None)": (lambda: c.get(None), "key must be bytes, got NoneType"),
+            "put(str, bytes)": (lambda: c.put("k", b"v"), "key must be bytes, got str"),
+            "put(bytes, str)": (lambda: c.put(b"k", "v"), "value must be bytes, got str"),
+            "put(bytes, int)": (lambda: c.put(b"k", 1), "value must be bytes, got int"),
+            "put(sync=str)": (lambda: c.put(b"k", b"v", sync="yes"), "sync must be"),
+            "delete(str)": (lambda: c.delete("k"), "key must be bytes, got str"),
+            "multi_get(str)": (lambda: c.multi_get([b"a", "k"]), "each key must be bytes"),
+            "multi_get(bytes)": (lambda: c.multi_get(b"k"), "each key must be bytes, got int"),
+            "write(str value)": (lambda: c.write([(b"a", b"1"), (b"k", "v")]),
+                                 "each value (None to delete) must be bytes, got str"),
+            "write(not a pair)": (lambda: c.write([b"k"]), "each mutation must be a (key, value)"),
+            "scan(str start)": (lambda: c.scan(start="a"), "start must be bytes, got str"),
+            "scan(str end)": (lambda: c.scan(end="z"), "end must be bytes, got str"),
+            "scan(float limit)": (lambda: c.scan(limit=1.5), "limit must be an integer"),
+            "batch put(None)": (lambda: c.batch().put(b"k", None), "value must be bytes"),
+        }
+        for what, (call, message) in refused.items():
+            with pytest.raises(TypeError, match=re.escape(message)):
+                call()
+        assert c.get(b"k") is None and c.get(b"a") is None and list(c.scan()) == []
+
+
+def test_client_numbers_out_of_range_are_a_value_error_when_given():
+    """A negative scan limit, chunk, retries or backoff is refused at once with a ValueError
+    naming it (it was protobuf's "Value out of range", or for a backoff a failure at the first
+    retry). No server needed: nothing is sent."""
+    for kwargs, message in [({"backoff": -0.1}, "backoff must be"),
+                            ({"max_backoff": float("nan")}, "max_backoff must be"),
+                            ({"retries": -1}, "retries must be at least 0")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Client("127.0.0.1:1", **kwargs)
+    with Client("127.0.0.1:1") as c:
+        for call, message in [(lambda: c.scan(limit=-1), "limit must be at least 0"),
+                              (lambda: c.scan(limit=2 ** 64), "limit must be at most"),
+                              (lambda: c.scan(timeout=-1), "timeout must be"),
+                              (lambda: c.multi_get([b"k"], chunk=0), "chunk must be at least 1"),
+                              (lambda: c.batch(max_mutations=0), "max_mutations must be")]:
+            with pytest.raises(ValueError, match=re.escape(message)):
+                call()
+
+
+def test_a_call_on_a_closed_client_is_a_client_error(procs, tmp_path):
+    """After close() every call raises ClosedError (a ClientError with CANCELLED, and a
+    ValueError as before); a read in flight when close() is called ends with it too instead
+    of being retried as a server-side CANCELLED."""
+    shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
+    c = Client(shard.address)
+    c.put(b"k", b"v")
+    c.close()
+    for call in (lambda: c.get(b"k"), lambda: c.put(b"k", b"v"), lambda: c.multi_get([b"k"]),
+                 lambda: c.write([(b"k", None)]), lambda: c.scan(), lambda: c.stats(),
+                 lambda: c.cluster_info()):
+        with pytest.raises(errors.ClosedError, match="closed") as info:
+            call()
+        assert isinstance(info.value, (errors.ClientError, ValueError))
+        assert info.value.code == grpc.StatusCode.CANCELLED
+    c.close()  # idempotent
+
+    c = Client(shard.address, timeout=60)
+    c.get(b"k")  # connected
+    results = []
+    reader = threading.Thread(target=lambda: results.append(outcome(lambda: c.get(b"k"))))
+    try:
+        with Stopped(shard):
+            reader.start()
+            time.sleep(0.5)  # (any moment: before the call, the check refuses it just the same)
+            c.close()
+            reader.join(30)
+    finally:
+        reader.join(30)
+        c.close()
+    assert len(results) == 1 and isinstance(results[0], errors.ClosedError), results
 
 
 @pytest.mark.xfail(strict=True, reason=(
