@@ -9,7 +9,7 @@ whole cluster) or to one shard (its data only); both serve the same services.
         for key, value in c.scan(b"a", b"z", limit=10): ...
 
 Every method takes ``timeout`` (seconds, the call's whole budget including retries; default
-``Client.timeout``).
+``Client.timeout``, except scan, which has no deadline unless given: see :meth:`Client.scan`).
 Reads (get, multi_get, scan, stats, filter_report, cluster_info) are retried on UNAVAILABLE,
 and on a CANCELLED this client did not cause (a server stopping cancels the calls it had
 received but not started), with exponential backoff (``retries`` times at most, delays
@@ -274,8 +274,15 @@ class Client:
         """``(key, value)`` with start <= key < end in key order, at most ``limit`` (None or 0:
         no limit). Resumes after the last yielded key when the stream fails with UNAVAILABLE
         or CANCELLED (within retries): the resumed scan starts *at* that key (its successor
-        ``key + b"\\x00"`` would be over the key limit after a maximal key) and skips it. The
-        arguments are checked at once; nothing is sent before the first ``next()``."""
+        ``key + b"\\x00"`` would be over the key limit after a maximal key) and skips it.
+
+        Deadline: unlike the other methods, a scan has none of the client's unless
+        ``timeout`` is given, because its time includes the caller's own between entries (a
+        consumer that works on each entry as it arrives may take minutes). Without one, a
+        router applies its own long default to the streams it opens (``--admin-timeout``,
+        600 s) and a shard none; with one, ``timeout`` bounds the whole iteration from the
+        first ``next()``, retries and the caller's time included. The arguments are checked
+        at once; nothing is sent before the first ``next()``."""
         start = b"" if start is None else _check_bytes(start, "start")
         end = b"" if end is None else _check_bytes(end, "end")
         limit = 0 if limit is None else _check_int(limit, "limit", 0, 2 ** 64 - 2)
@@ -286,7 +293,7 @@ class Client:
 
     def _scan(self, start: bytes, end: bytes, limit: int,
               timeout: float | None) -> Iterator[tuple[bytes, bytes]]:
-        deadline = self._deadline(timeout)
+        deadline = math.inf if timeout is None else self._deadline(timeout)
         delays = self._delays(deadline)
         left = limit
         last = None  # the last key yielded: a resumed stream starts at it and skips it
@@ -295,7 +302,8 @@ class Client:
             request = pb.ScanRequest(start=start, end=end,
                                      limit=left + 1 if left and last is not None else left)
             try:
-                stream = self._kv.Scan(request, timeout=max(deadline - time.monotonic(), 0.0))
+                stream = self._kv.Scan(request, timeout=None if deadline == math.inf
+                                       else max(deadline - time.monotonic(), 0.0))
             except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
                 if self._closed:
                     raise errors.ClosedError(self.address) from None

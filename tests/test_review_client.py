@@ -306,12 +306,10 @@ def test_a_router_process_that_cannot_start_is_not_restarted_every_second(procs,
         squatter.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/client.py scan: the default timeout (Client.timeout, 10 s) bounds the whole "
-    "iteration, so `for k, v in client.scan(): work(k, v)` over a cluster larger than the "
-    "flow-control window fails with DEADLINE_EXCEEDED after 10 s (not resumed); the CLI's scan "
-    "dropped its per-call default for this reason (commit 7298323) and the router has a 600 s "
-    "scan default (--admin-timeout) that the client never lets apply"))
+# Fixed in session 6; was a strict xfail: router/client.py scan applied the client's unary
+# default timeout (10 s) to the whole iteration, so a consumer working on each entry as it
+# arrived was cut off with DEADLINE_EXCEEDED (not resumed); the router's scan default
+# (--admin-timeout) never applied.
 def test_a_slow_consumer_of_a_default_scan_is_not_cut_off_after_the_unary_timeout(procs, tmp_path):
     shard = start_shard_process(procs, str(tmp_path / "s0"), name="s0")
     keys = [b"key-%05d" % i for i in range(400)]
