@@ -70,6 +70,24 @@ from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
 
 
+
+def _finish_log(log: LogWriter, broken: bool) -> None:
+    """End a log the DB is done with (a memtable switch, close): its CLOSED record, then fsync,
+    so that damage to its last batch reads as corruption later, not as a torn tail that drops
+    an acknowledged write (docs/format.md, "Record"). A broken log (a failed append) gets no
+    marker: only what was written before the failure is synced. The marker is best effort: if
+    appending it fails (a full disk), what was written is synced all the same and a torn marker
+    reads as a torn tail. Raises StorageIOError if the fsync fails."""
+    if broken:
+        log.sync_what_was_written()
+        return
+    try:
+        log.add_closed_marker()
+    except SieveError:
+        log.sync_what_was_written()
+        return
+    log.sync()
+
 class DB(Background):
     """An open sievekv database. Thread safe. Create with :meth:`open`."""
 
@@ -195,11 +213,8 @@ class DB(Background):
         # The log is synced whatever failed before (a flush, a compaction: its writes were
         # acknowledged), unless its own fsync failed: then a second fsync proves nothing.
         try:
-            if not self._log_sync_failed:
-                if self._log_broken:  # records before the failed append were acknowledged
-                    log.sync_what_was_written()
-                else:
-                    log.sync()
+            if not self._log_sync_failed:  # (a broken log: its records before the failed
+                _finish_log(log, self._log_broken)  # append were acknowledged: synced too)
         finally:
             log.close()
             self._manifest.close()
@@ -540,10 +555,7 @@ class DB(Background):
             # Keep recovery a prefix: no older log may end unsynced. A broken log (failed
             # append) is synced too: its earlier records were acknowledged, and a synced write
             # in the new log must not survive a power loss that drops them.
-            if self._log_broken:
-                old.sync_what_was_written()
-            else:
-                old.sync()
+            _finish_log(old, self._log_broken)
         except SieveError as exc:
             self._set_bg_error(exc)
         old.close()

@@ -377,15 +377,19 @@ RECORD = struct.Struct("<IIB")
 
 
 def read_records(data: bytes) -> list[tuple[int, bytes]]:
-    """(offset, payload) of every record; a file of whole records only (no torn tail here)."""
+    """(offset, payload) of every FULL record; a file of whole records only (no torn tail
+    here). A CLOSED record (type 2, empty) may end the file and is not returned."""
     out, pos = [], 0
     while pos < len(data):
         need(pos + 9 <= len(data), f"short header at {pos}")
         crc, length, rtype = RECORD.unpack_from(data, pos)
         payload = data[pos + 9:pos + 9 + length]
-        need(len(payload) == length and rtype == 1, f"bad record at {pos}")
+        need(len(payload) == length and rtype in (1, 2), f"bad record at {pos}")
         prefix = struct.pack("<QIB", pos, length, rtype)  # the offset is checksummed, not stored
         need(crc == masked_crc(prefix + payload), f"record CRC at {pos}")
+        if rtype == 2:
+            need(length == 0 and pos + 9 == len(data), f"CLOSED record at {pos} is not last")
+            break
         out.append((pos, payload))
         pos += 9 + length
     return out

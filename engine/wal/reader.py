@@ -13,7 +13,10 @@ prefix at offset ``X``. Then every later offset ``Y > X`` is tried as the start 
   file and ``X``. Acknowledged records are never skipped silently.
 
 A record whose checksum passes but whose type is unknown raises :class:`CorruptionError` (a file
-from a newer format, or damage that a checksum cannot see).
+from a newer format, or damage that a checksum cannot see). A CLOSED record (log format 2,
+docs/format.md "Record") ends the log: ``LogReadResult.closed``; bytes after it are dropped
+like a torn tail unless a valid record starts there (corruption). Because it is a valid record
+after the last batch, damage to that batch is corruption in the middle by the rule above.
 
 ``strict_tail`` (the manifest's rule): a bad last record is corruption, not a torn tail, when a
 torn write cannot explain it (:func:`_damaged_last_record`): a complete record whose checksum
@@ -33,7 +36,7 @@ import numpy as np
 
 from ..checksum import MASK_DELTA as _MASK_DELTA
 from ..errors import CorruptionError
-from ..format import LOG_HEADER, LOG_HEADER_SIZE, LOG_RECORD_FULL
+from ..format import LOG_HEADER, LOG_HEADER_SIZE, LOG_RECORD_CLOSED, LOG_RECORD_FULL
 from .record import _extend, _pack_prefix, _value, record_crc
 
 _unpack_header = LOG_HEADER.unpack_from
@@ -55,6 +58,7 @@ class LogReadResult:
     offsets: list[int] = field(default_factory=list)  # start offset of each record
     end_offset: int = 0  # end of the last good record
     file_size: int = 0
+    closed: bool = False  # the log ends with its CLOSED record (the writer finished with it)
 
     @property
     def dropped_bytes(self) -> int:
@@ -90,18 +94,19 @@ def _record_end(data: bytes, pos: int, size: int) -> int:
 
 
 def _find_valid_record(data: bytes, start: int, size: int) -> int:
-    """Offset of the first valid FULL record starting at or after ``start``, or -1.
+    """Offset of the first valid FULL or CLOSED record starting at or after ``start``, or -1.
 
     Runs only on a damaged log. numpy picks, 64 KiB of offsets at a time, the candidates whose
-    type byte is FULL and whose length fits in the file; only those are checksummed, so a long
-    zero-filled or garbage tail costs O(n) at C speed.
+    type byte is FULL or CLOSED and whose length fits in the file; only those are checksummed,
+    so a long zero-filled or garbage tail costs O(n) at C speed.
     """
     arr = np.frombuffer(data, dtype=np.uint8)
     last = size - LOG_HEADER_SIZE  # the last offset where a header fits
     lo = start
     while lo <= last:
         hi = min(lo + _SCAN_CHUNK, last + 1)
-        ys = np.flatnonzero(arr[lo + LOG_HEADER_SIZE - 1 : hi + LOG_HEADER_SIZE - 1] == LOG_RECORD_FULL)
+        types = arr[lo + LOG_HEADER_SIZE - 1 : hi + LOG_HEADER_SIZE - 1]
+        ys = np.flatnonzero((types == LOG_RECORD_FULL) | (types == LOG_RECORD_CLOSED))
         if ys.size:
             ys = ys + lo
             n = (
@@ -212,6 +217,15 @@ def parse_log(data: bytes, path: str = "<memory>", strict_tail: bool = False) ->
                     "cannot leave)", path=path, offset=pos)
             break  # torn tail: nothing valid after pos
         if rtype != LOG_RECORD_FULL:
+            if rtype == LOG_RECORD_CLOSED and not payload:
+                # Nothing is written after it; bytes there (zero fill) hide no write and are
+                # dropped like a torn tail, but a valid record there is not ours to skip.
+                if end < size and _find_valid_record(data, end, size) >= 0:
+                    raise CorruptionError("a record after the log's CLOSED record", path=path,
+                                          offset=end)
+                result.closed = True
+                pos = end
+                break
             raise CorruptionError(f"unknown log record type {rtype}", path=path, offset=pos)
         records.append(payload)
         offsets.append(pos)

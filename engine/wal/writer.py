@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from ..checksum import MASK_DELTA as _MASK_DELTA
 from ..errors import InvalidArgumentError, StorageIOError
-from ..format import LOG_HEADER, LOG_MAX_PAYLOAD, LOG_RECORD_FULL
+from ..format import LOG_HEADER, LOG_MAX_PAYLOAD, LOG_RECORD_CLOSED, LOG_RECORD_FULL
 from ..vfs import WritableFile
 from .record import _extend, _pack_prefix, _value
 
 _pack_header = LOG_HEADER.pack
 _U32 = 0xFFFFFFFF
+
+
+class _Closed(Exception):
+    """The writer's state after its CLOSED record (not a failure: sync still works)."""
+
+    def __str__(self) -> str:
+        return "the log was closed with its CLOSED record"
 
 
 class LogWriter:
@@ -72,9 +79,25 @@ class LogWriter:
             self._failed = exc
             raise
 
+    def add_closed_marker(self) -> None:
+        """Append the CLOSED record (docs/format.md, "Record"): nothing follows it, and once
+        it is read every record before it must be intact (damage to the last batch is then
+        corruption, not a torn tail). Durable after ``sync``; the writer takes no records after
+        it."""
+        self._check()
+        crc = _value(_pack_prefix(self._file.size, 0, LOG_RECORD_CLOSED))  # record_crc
+        masked = ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+        try:
+            self._file.append(_pack_header(masked, 0, LOG_RECORD_CLOSED))
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self._failed = _Closed()  # no record may follow; sync and close still work
+
     def sync(self) -> None:
         """fsync the file: every record added so far is durable when this returns."""
-        self._check()
+        if not isinstance(self._failed, _Closed):
+            self._check()
         try:
             self._file.sync()
         except BaseException as exc:
