@@ -278,3 +278,43 @@ def test_every_flipped_byte_is_an_error(fs, tmp_path):
             continue
         outcomes.add(("read", pos, got == states[-1], got == states[-2]))
     assert outcomes == {"corruption"}
+
+
+def test_strict_tail_tells_an_unwritten_sector_from_a_flipped_bit(tmp_path):
+    """The manifest's rule at record level (engine/wal/reader.py strict_tail): a record whose
+    last sector a crash never wrote is one bit away from valid when that sector held a single
+    byte with one bit set; that is still a torn tail. The same one-bit difference before the
+    trailing zeros is damage (no crash changes a written sector)."""
+    from engine.vfs import default_fs
+    from engine.wal import LogWriter, parse_log
+
+    path = str(tmp_path / "m.log")
+    w = LogWriter(default_fs().open_writable(path))
+    w.add_record(b"first")
+    start = w.size
+    # the record's last byte is alone in its sector and is 0x01; the bytes before end in zeros
+    n = 2 * 512 + 1 - start - 9
+    payload = b"x" * (n - 40) + bytes(39) + b"\x01"
+    w.add_record(payload)
+    w.close()
+    data = open(path, "rb").read()
+    assert len(data) == 2 * 512 + 1
+    torn = data[:-1] + b"\0"  # the last sector never written
+    res = parse_log(torn, strict_tail=True)
+    assert res.records == [b"first"] and res.dropped_bytes == len(data) - start
+    flipped = bytearray(data)
+    flipped[start + 9 + 5] ^= 0x04  # an 'x' well before the zeros
+    with pytest.raises(CorruptionError):
+        parse_log(bytes(flipped), strict_tail=True)
+    assert parse_log(bytes(flipped)).records == [b"first"]  # the log's lenient rule drops it
+    # a payload that ends in zeros from a sector boundary by itself, with a flipped bit before
+    # them: one bit away, and that bit was in a written sector: damage, not a torn write
+    q = str(tmp_path / "n.log")
+    w = LogWriter(default_fs().open_writable(q))
+    w.add_record(b"first")
+    w.add_record(b"x" * (n - 1) + b"\0")
+    w.close()
+    natural = bytearray(open(q, "rb").read())
+    natural[start + 9 + 5] ^= 0x04
+    with pytest.raises(CorruptionError):
+        parse_log(bytes(natural), strict_tail=True)

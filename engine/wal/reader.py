@@ -130,21 +130,33 @@ ONE_BIT_SEARCH_MAX = 4096
 runs only on a damaged last record)."""
 
 
-def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, crc: int) -> bool:
-    """Whether flipping one bit of the stored checksum or of ``payload`` makes it valid."""
+def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, crc: int) -> int | None:
+    """Where one flipped bit makes the record valid: the payload index of the byte, -1 for the
+    stored checksum itself, None if no single bit does (or the payload is too long to search)."""
     diff = record_crc(pos, rtype, payload) ^ crc
     if diff & (diff - 1) == 0:
-        return True  # the checksum field itself
+        return -1  # the checksum field itself
     if len(payload) > ONE_BIT_SEARCH_MAX:
-        return False
+        return None
     head = _value(_pack_prefix(pos, len(payload), rtype))  # the checksum of payload[:i]
     for i, orig in enumerate(payload):
         rest = payload[i + 1:]
         for bit in (1, 2, 4, 8, 16, 32, 64, 128):
             if _extend(_extend(head, bytes((orig ^ bit,))), rest) == crc:
-                return True
+                return i
         head = _extend(head, payload[i:i + 1])
-    return False
+    return None
+
+
+def _unwritten_from(data: bytes, pos: int, end: int, size: int) -> int | None:
+    """The first ``SECTOR`` boundary inside the record ``[pos, end)`` from which the file is
+    all zero to its end (sectors a crash never wrote), or None."""
+    z = (pos // SECTOR + 1) * SECTOR  # the first sector boundary after the record's start
+    while z < end:
+        if not data[z:size].strip(b"\0"):
+            return z
+        z += SECTOR
+    return None
 
 
 def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
@@ -153,7 +165,8 @@ def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
     * its length field is wrong: the record is valid when it runs to the end of the file;
     * its type byte is wrong: the record is valid as a FULL record of its stated length;
     * it is complete (header and stated payload in the file, type not 0) and one flipped bit
-      (of the checksum or a payload of at most ``ONE_BIT_SEARCH_MAX`` bytes) makes it valid;
+      (of the checksum or a payload of at most ``ONE_BIT_SEARCH_MAX`` bytes) makes it valid,
+      unless that bit lies in trailing zero sectors (below);
     * or it is complete and its bytes are not a crash's unwritten sectors (a zero run from a
       ``SECTOR`` boundary inside the record to the end of the file).
 
@@ -174,14 +187,14 @@ def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
         return True  # the type byte
     if rtype == 0:
         return False  # zero fill
-    if _one_bit_from_valid(pos, rtype, data[start:end], crc):
-        return True  # a flipped bit, even where the payload happens to end in zeros
-    z = (pos // SECTOR + 1) * SECTOR  # the first sector boundary after the record's start
-    while z < end:
-        if not data[z:size].strip(b"\0"):
-            return False  # unwritten sectors: torn
-        z += SECTOR
-    return True
+    zeros = _unwritten_from(data, pos, end, size)
+    flipped = _one_bit_from_valid(pos, rtype, data[start:end], crc)
+    if flipped is not None:
+        # One bit away from valid. A bit inside trailing zero sectors is what a crash leaves
+        # when that sector held a byte with one bit set; a bit before them, or anywhere with
+        # no such zeros, no crash can have changed (the payload may end in zeros by itself).
+        return zeros is None or (flipped < 0 or start + flipped < zeros)
+    return zeros is None  # unwritten sectors: torn; other wrong bytes: damage
 
 
 def parse_log(data: bytes, path: str = "<memory>", strict_tail: bool = False) -> LogReadResult:
