@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import signal
 import threading
 
 import psutil
@@ -173,10 +172,6 @@ def test_filter_cap_accounting_does_not_drift_across_compactions(tmp_path):
         assert evictions[-1] > 0, "the cap was never reached: the test does not exercise it"
     finally:
         db.close()
-
-
-def _shard_pid(proc) -> int:
-    return proc.popen.pid
 
 
 def test_router_and_shards_stay_bounded_across_shard_restarts(procs, tmp_path):
