@@ -141,12 +141,23 @@ def test_no_cluster_exits_3_with_one_line_and_no_child_left(tmp_path):
     assert clients == [] and alive == [], [p.cmdline() for p in left]
 
 
+def _calls_served(cluster) -> float:
+    """Gets and writes the cluster's shards have served so far (their Stats totals)."""
+    from router import cluster_state as cs
+    from router.client import Client
+
+    with Client(cs.read_state(cluster["data_dir"])["router_address"], retries=4) as c:
+        totals = c.stats()["totals"]
+    return totals.get("gets", 0) + totals.get("writes", 0)
+
+
 @contextlib.contextmanager
 def _bench_running(cluster, *argv):
     """Start `sievekv bench --config ... --clients 2 --quiet ARGV` tagged, wait until its two
     client processes run and are past their common start, yield (cli Popen, clients); on the
     way out kill whatever of it is left."""
     tag = uuid.uuid4().hex
+    before = _calls_served(cluster)
     env = dict(os.environ, PYTHONPATH=ROOT, SIEVEKV_BENCH_TEST_TAG=tag)
     env.pop("SIEVEKV_CONFIG", None)
     cli = subprocess.Popen([sys.executable, "-m", "router.cli", "bench", "--config",
@@ -159,7 +170,14 @@ def _bench_running(cluster, *argv):
             clients = [p for p in _tagged(tag) if "multiprocessing.spawn" in " ".join(p.cmdline())]
             time.sleep(0.2)
         assert len(clients) == 2, "the clients never started"
-        time.sleep(2.0)  # past their warm-up call and the common start: inside the run
+        # Inside the run once the shards count calls: the command sends "go" only after every
+        # client is ready (a fixed sleep was not enough on a loaded machine: a client killed
+        # before it was ready makes the run fail as a whole, exit 1).
+        deadline = time.monotonic() + 120
+        while _calls_served(cluster) <= before + 20:
+            assert time.monotonic() < deadline, "the bench never started calling"
+            assert cli.poll() is None, cli.communicate()
+            time.sleep(0.2)
         yield cli, clients
     finally:
         if cli.poll() is None:
