@@ -537,7 +537,7 @@ class DB(Background):
                                      errno_=getattr(err, "errno", None)) from err
             raise StorageIOError(f"DB refuses writes after an earlier failure ({err}); reopen it "
                                  "to recover", path=self.path,
-                                 errno_=getattr(err, "errno", None)) from err
+                                 errno_=getattr(err, "errno", None), retryable=False) from err
 
     def _switch_memtable(self) -> None:
         """Freeze the memtable, start a new one with a new log. REQUIRES: self._mu held."""

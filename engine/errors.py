@@ -9,7 +9,8 @@ class                       gRPC status         meaning
 InvalidArgumentError        INVALID_ARGUMENT    the caller passed a bad key, value, option
 CorruptionError             DATA_LOSS           stored bytes fail a checksum or the format
 StorageIOError              INTERNAL            the operating system refused an I/O call
-  (errno ENOSPC or EDQUOT)  RESOURCE_EXHAUSTED  ... because the disk or quota is full
+  (errno ENOSPC or EDQUOT)  RESOURCE_EXHAUSTED  ... because the disk or quota is full (unless
+                                                ``retryable`` is False: reopen needed)
 ClosedError                 UNAVAILABLE         the DB (or table) was already closed
 LockedError                 FAILED_PRECONDITION another process holds the directory lock
 ResultTooLargeError         RESOURCE_EXHAUSTED  an answer would exceed the byte limit asked for
@@ -46,10 +47,15 @@ class CorruptionError(SieveError):
 
 
 class StorageIOError(SieveError, OSError):
-    """An operating-system I/O call failed (ENOSPC, EIO, a failed fsync...)."""
+    """An operating-system I/O call failed (ENOSPC, EIO, a failed fsync...).
 
-    def __init__(self, message: str, *, path: str | None = None, errno_: int | None = None):
+    ``retryable = False`` marks a refusal that no retry can end (the DB must be reopened), even
+    if its cause's errno is ENOSPC: callers then must not say "retry later"."""
+
+    def __init__(self, message: str, *, path: str | None = None, errno_: int | None = None,
+                 retryable: bool | None = None):
         self.path = path
+        self.retryable = retryable
         super().__init__(errno_ or 0, message if path is None else f"{message}: {path}")
 
 

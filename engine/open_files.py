@@ -63,22 +63,52 @@ def needed(tables: int) -> int:
     return DESCRIPTORS_PER_TABLE * tables + RESERVE
 
 
-class Headroom:
-    """Raises the soft limit, once, when a DB is about to hold more tables than it allows.
+class _ProcessTables:
+    """Tables open in this process, over every DB (the limit is the process's, not a DB's)."""
 
-    ``check(tables)`` is called before each table is opened; it costs one comparison until
-    the limit is near. Thread-safe (the raise itself is serialized in :func:`raise_to_hard`).
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count = 0
+        self.watch = True  # False after the one attempt to raise (then it is the hard limit)
+
+
+_process = _ProcessTables()
+
+
+class Headroom:
+    """Raises the soft limit, once per process, when the open tables of all its DBs are about
+    to need more descriptors than it allows. One per DB (``enabled``: the DB's option; a DB
+    with it off still counts its tables, as they hold descriptors all the same).
+
+    ``opening()`` before a table is opened, ``closed()`` after one is closed: one comparison
+    until the limit is near. Thread-safe.
     """
 
     def __init__(self, enabled: bool, logger: logging.Logger = log):
         self.enabled = enabled
         self.logger = logger
-        self._limit = soft_limit() if enabled else None  # None: nothing to watch
 
-    def check(self, tables: int) -> None:
-        limit = self._limit
-        if limit is None or needed(tables) <= limit:
-            return
-        self._limit = None  # one attempt per DB: after it the soft limit is the hard one
-        raise_to_hard(self.logger, f" for {tables} open tables (up to "
+    def opening(self) -> None:
+        with _process.lock:
+            _process.count += 1
+            tables = _process.count
+            if not (self.enabled and _process.watch):
+                return
+            limit = soft_limit()
+            if limit is None or needed(tables) <= limit:
+                return
+            _process.watch = False
+        raise_to_hard(self.logger, f" for {tables} open tables in this process (up to "
                       f"{DESCRIPTORS_PER_TABLE} descriptors each)")
+
+    def closed(self) -> None:
+        with _process.lock:
+            _process.count -= 1
+
+    def retry_after_emfile(self) -> bool:
+        """After EMFILE: raise the soft limit if this DB may and it is below the hard one; True
+        if it was raised (worth one more try)."""
+        if not self.enabled:
+            return False
+        old, new = raise_to_hard(self.logger, " after 'too many open files'")
+        return new > old

@@ -71,11 +71,17 @@ class TableSet:
             if t is not None:
                 return t
         path = table_file_name(self._dirname, number)
-        self._headroom.check(len(self._tables) + 1)
+        self._headroom.opening()
         try:
-            t = Table.open(self._fs, path, file_number=number, block_cache=self._block_cache,
-                           residency=self._residency, mmap_reads=self._mmap_reads)
+            try:
+                t = self._open_table(path, number)
+            except StorageIOError as exc:
+                if (exc.errno not in (errno.EMFILE, errno.ENFILE)
+                        or not self._headroom.retry_after_emfile()):
+                    raise
+                t = self._open_table(path, number)
         except StorageIOError as exc:
+            self._headroom.closed()
             if exc.errno == errno.ENOENT:  # the version names it: the DB lost a file
                 raise CorruptionError("a table the manifest lists is missing", path=path) from None
             if exc.errno in (errno.EMFILE, errno.ENFILE):
@@ -83,17 +89,25 @@ class TableSet:
                 with self._lock:
                     n = len(self._tables)
                 limit = soft_limit()
+                how = ("raise the hard open-file limit (ulimit -Hn, or LimitNOFILE= under "
+                       "systemd: the DB raises the soft limit up to it by itself)"
+                       if self._headroom.enabled else
+                       "raise the open-file limit (ulimit -n), or open the DB with "
+                       "raise_open_file_limit=True")
                 raise StorageIOError(
                     f"too many open files with {n} tables open (each holds up to 3 "
                     "descriptors: the file and its data and filter mappings; the limit is "
-                    f"{'unlimited' if limit is None else limit}); raise the hard open-file "
-                    "limit (ulimit -Hn, or LimitNOFILE= under systemd: the DB raises the soft "
-                    "limit up to it by itself)", path=path, errno_=exc.errno) from exc
+                    f"{'unlimited' if limit is None else limit}); {how}", path=path,
+                    errno_=exc.errno) from exc
+            raise
+        except BaseException:
+            self._headroom.closed()
             raise
         with self._lock:
             have = self._tables.get(number)
             if have is not None:  # another thread opened it meanwhile
                 t.close()
+                self._headroom.closed()
                 return have
             self._tables[number] = t
             self._refs.setdefault(number, 0)
@@ -160,11 +174,18 @@ class TableSet:
         with self._lock:
             return self.retired[key] + sum(_counter(t, key) for t in self._tables.values())
 
+    def _open_table(self, path: str, number: int):
+        return Table.open(self._fs, path, file_number=number, block_cache=self._block_cache,
+                          residency=self._residency, mmap_reads=self._mmap_reads)
+
     def _close_table(self, t) -> None:
         forget = getattr(self._residency, "forget_table", None)
         if forget is not None:
             forget(t)
-        t.close()
+        try:
+            t.close()
+        finally:
+            self._headroom.closed()
 
     def open_tables(self) -> dict[int, object]:
         """A copy of {file number: table} for the tables open now."""

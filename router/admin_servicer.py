@@ -31,6 +31,7 @@ from .shards import ShardClient, translate
 from .slots import SLOT_COUNT, SLOT_FUNCTION
 
 ADMIN_RESULT_TRAILER = "sievekv-admin-result-bin"
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 HEALTH_TIMEOUT = 1.0
 
 
@@ -127,6 +128,8 @@ class RouterAdmin:
             try:
                 own = who.result().shards[0]
                 identity = (own.name, own.address)
+                if own.address.rpartition(":")[0] in _WILDCARD_HOSTS:
+                    identity = None  # two hosts' shards may both say 0.0.0.0:P: no proof
             except (grpc.RpcError, IndexError):
                 identity = None
             if identity is not None:

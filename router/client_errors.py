@@ -7,7 +7,8 @@ status code                class
 INVALID_ARGUMENT           InvalidArgumentError (empty/oversized key or value)
 UNAVAILABLE                UnavailableError (a shard or the router cannot serve)
 DATA_LOSS                  DataLossError (corruption; details name the file)
-RESOURCE_EXHAUSTED         ResourceExhaustedError (a message over the size limit)
+RESOURCE_EXHAUSTED         ResourceExhaustedError (a message over the size limit, a full disk,
+                           or a server's limit of scans at once)
 DEADLINE_EXCEEDED          DeadlineExceededError
 INTERNAL, UNKNOWN          InternalError
 any other                  ClientError

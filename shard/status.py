@@ -11,7 +11,8 @@ CorruptionError                 DATA_LOSS            the message, naming the fil
 ClosedError                     UNAVAILABLE          the message
 LockedError                     FAILED_PRECONDITION  the message
 ResultTooLargeError             RESOURCE_EXHAUSTED   the message (an answer over the limit)
-StorageIOError, ENOSPC/EDQUOT   RESOURCE_EXHAUSTED   the message (a full disk: gRPC's own example)
+StorageIOError, ENOSPC/EDQUOT   RESOURCE_EXHAUSTED   the message (a full disk: gRPC's own example;
+                                                     INTERNAL if the DB must be reopened)
 StorageIOError / other Sieve..  INTERNAL             the message
 any other exception             INTERNAL             one line; traceback logged server-side
 ==============================  ===================  =======================================
@@ -76,7 +77,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.FAILED_PRECONDITION, one_line(str(exc))
     if isinstance(exc, ResultTooLargeError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
-    if isinstance(exc, StorageIOError) and exc.errno in FULL_DISK_ERRNOS:
+    if (isinstance(exc, StorageIOError) and exc.errno in FULL_DISK_ERRNOS
+            and exc.retryable is not False):  # (a DB that must be reopened is INTERNAL)
         return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
     if isinstance(exc, SieveError):
         return INTERNAL, one_line(str(exc))

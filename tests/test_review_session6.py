@@ -1,5 +1,6 @@
-"""Review of session 6's product changes (863fcf6..01bd794): strict xfails for the bugs found,
-each beside a plain test that proves its setup is reached (so a strict xfail can never pass
+"""Review of session 6's product changes (863fcf6..01bd794): strict xfails for the bugs found
+(all three fixed the same session; a comment above each test says what was wrong), each
+beside a plain test that proves its setup is reached (so a strict xfail can never pass
 for the wrong reason, e.g. a format change that makes the scenario unreachable).
 
 1. The manifest's strict last-record rule (engine/wal/reader.py ``_one_bit_from_valid``)
@@ -89,10 +90,10 @@ def test_setup_a_last_manifest_edit_can_end_in_a_zero_sector(tmp_path):
         Manifest.recover(fs, d, read_only=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "data loss: _one_bit_from_valid compares unmasked checksums, so about half of the "
-    "single-bit flips of the stored (masked) checksum of a last manifest edit that ends in a "
-    "zero sector read as a torn tail and the edit is dropped; compare masked values"))
+# Fixed in session 6; was a strict xfail: data loss: _one_bit_from_valid compares unmasked
+# checksums, so about half of the single-bit flips of the stored (masked) checksum of a last
+# manifest edit that ends in a zero sector read as a torn tail and the edit is dropped; compare
+# masked values
 def test_a_flipped_bit_in_the_last_edits_checksum_is_corruption(tmp_path):
     fs = FileSystem()
     d, path, data, start, before = _manifest_ending_in_a_zero_sector(fs, tmp_path)
@@ -139,10 +140,10 @@ def test_setup_a_full_disk_fsync_leaves_the_db_refusing_writes_until_reopened(tm
         assert db.get(b"a") == b"1"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wrong status: a DB that refuses writes until it is reopened raises StorageIOError with "
-    "errno ENOSPC (DB._check_writable copies the first error's errno), so status_of maps it "
-    "to RESOURCE_EXHAUSTED and the CLI exits 7 BUSY ('may succeed later'); it never does"))
+# Fixed in session 6; was a strict xfail: wrong status: a DB that refuses writes until it is
+# reopened raises StorageIOError with errno ENOSPC (DB._check_writable copies the first error's
+# errno), so status_of maps it to RESOURCE_EXHAUSTED and the CLI exits 7 BUSY ('may succeed
+# later'); it never does
 def test_writes_refused_until_reopen_are_not_reported_as_busy(tmp_path):
     db = _db_failed_by_a_full_disk_fsync(tmp_path)
     try:
@@ -209,10 +210,9 @@ def test_setup_one_db_with_120_tables_raises_the_soft_limit_by_itself(tmp_path):
     assert out["soft_after"] > 256
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open files: Headroom counts one DB's tables, so three DBs of 40 tables under a soft "
-    "limit of 256 never raise it and gets fail with EMFILE (filter mmap); count tables "
-    "process-wide, or raise the limit and retry once on EMFILE"))
+# Fixed in session 6; was a strict xfail: open files: Headroom counts one DB's tables, so three
+# DBs of 40 tables under a soft limit of 256 never raise it and gets fail with EMFILE (filter
+# mmap); count tables process-wide, or raise the limit and retry once on EMFILE
 def test_several_dbs_in_one_process_raise_the_soft_limit_too(tmp_path):
     out = _run_fd_script(tmp_path, 3, 40)
     assert out["ok"], out

@@ -27,6 +27,7 @@ REQUIRES: no probe in flight when ``close`` runs.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import operator
 import struct
@@ -34,7 +35,7 @@ import threading
 from bisect import bisect_left
 
 from ..checksum import masked_crc
-from ..errors import ClosedError, CorruptionError
+from ..errors import ClosedError, CorruptionError, StorageIOError
 from ..format import FILTER_PAGE_SIZE
 from ..vfs import RandomAccessFile
 from .block import Block
@@ -89,6 +90,10 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
     return keys, offsets, sizes, crcs, firsts, nkeys
 
 
+
+# errnos of a mapping refused for lack of resources, not because of the file
+_NO_MAPPING_NOW = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
 class PartitionedFilter:
     """The filter of one table. See the module docstring for states, costs and threading."""
 
@@ -117,6 +122,7 @@ class PartitionedFilter:
         self.negatives = 0
         self.true_positives = 0
         self.filter_errors = 0
+        self.map_failures = 0  # mappings the OS refused (each probe then answered "may match")
 
     @property
     def num_partitions(self) -> int:
@@ -164,7 +170,16 @@ class PartitionedFilter:
             if self._closed:
                 raise ClosedError("table is closed")
             if self._mm is None:
-                self._map_locked()
+                try:
+                    self._map_locked()
+                except StorageIOError as exc:
+                    if exc.errno not in _NO_MAPPING_NOW:
+                        raise
+                    # Out of descriptors or address space: answer "may match" (a read, never
+                    # a false "absent"), as a damaged filter does; the next probe tries again.
+                    self.filter_errors += 1
+                    self.map_failures += 1
+                    return True
             st = self._state[p]
             if st == UNTOUCHED:
                 # Reading the partition for its CRC is what faults its pages in.

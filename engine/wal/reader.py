@@ -44,6 +44,10 @@ _U32 = 0xFFFFFFFF
 _SCAN_CHUNK = 1 << 16
 
 
+def _mask(crc: int) -> int:
+    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+
+
 def _unmask(masked: int) -> int:
     rot = (masked - _MASK_DELTA) & _U32
     return ((rot >> 17) | (rot << 15)) & _U32
@@ -130,12 +134,14 @@ ONE_BIT_SEARCH_MAX = 4096
 runs only on a damaged last record)."""
 
 
-def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, crc: int) -> int | None:
+def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, masked: int) -> int | None:
     """Where one flipped bit makes the record valid: the payload index of the byte, -1 for the
-    stored checksum itself, None if no single bit does (or the payload is too long to search)."""
-    diff = record_crc(pos, rtype, payload) ^ crc
+    stored (masked) checksum itself, None if no single bit does (or the payload is too long to
+    search). ``masked`` is the checksum field as stored."""
+    diff = _mask(record_crc(pos, rtype, payload)) ^ masked
     if diff & (diff - 1) == 0:
-        return -1  # the checksum field itself
+        return -1  # a bit of the stored field (compared masked: unmasking spreads a bit)
+    crc = _unmask(masked)
     if len(payload) > ONE_BIT_SEARCH_MAX:
         return None
     head = _value(_pack_prefix(pos, len(payload), rtype))  # the checksum of payload[:i]
@@ -151,12 +157,11 @@ def _one_bit_from_valid(pos: int, rtype: int, payload: bytes, crc: int) -> int |
 def _unwritten_from(data: bytes, pos: int, end: int, size: int) -> int | None:
     """The first ``SECTOR`` boundary inside the record ``[pos, end)`` from which the file is
     all zero to its end (sectors a crash never wrote), or None."""
+    nonzero_end = len(data[pos:size].rstrip(b"\0")) + pos  # data[nonzero_end:] is all zero
     z = (pos // SECTOR + 1) * SECTOR  # the first sector boundary after the record's start
-    while z < end:
-        if not data[z:size].strip(b"\0"):
-            return z
-        z += SECTOR
-    return None
+    if nonzero_end > z:
+        z = -(-nonzero_end // SECTOR) * SECTOR  # the first boundary at or after it
+    return z if z < end else None
 
 
 def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
@@ -188,7 +193,7 @@ def _damaged_last_record(data: bytes, pos: int, size: int) -> bool:
     if rtype == 0:
         return False  # zero fill
     zeros = _unwritten_from(data, pos, end, size)
-    flipped = _one_bit_from_valid(pos, rtype, data[start:end], crc)
+    flipped = _one_bit_from_valid(pos, rtype, data[start:end], masked)
     if flipped is not None:
         # One bit away from valid. A bit inside trailing zero sectors is what a crash leaves
         # when that sector held a byte with one bit set; a bit before them, or anywhere with
