@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import engine
-from engine.errors import CorruptionError, LockedError, SieveError
+from engine.errors import CorruptionError, SieveError
 from engine.format import BLOCK_HASH_FLAG, BLOCK_TRAILER_SIZE, FILTER_PAGE_SIZE, TABLE_FOOTER_SIZE
 from engine.manifest import Manifest
 from engine.sstable.block import Block
