@@ -450,6 +450,8 @@ class DB(Background):
                 else:
                     self._log_sync_failed = True
                     self._set_bg_error(exc)
+                    if isinstance(exc, StorageIOError):  # only a reopen ends this failure
+                        exc.retryable = False
             raise
         mu.acquire()
         self._writes += len(group)
@@ -616,6 +618,8 @@ class DB(Background):
                             if self._set_bg_error(exc):
                                 self.counters.background_errors += 1
                             self._bg_cv.notify_all()
+                        if isinstance(exc, StorageIOError):  # only a reopen ends this failure
+                            exc.retryable = False
                     raise
 
     # ------------------------------------------------------------------------------------

@@ -105,10 +105,12 @@ class Headroom:
         with _process.lock:
             _process.count -= 1
 
-    def retry_after_emfile(self) -> bool:
+    def retry_after_emfile(self, limit_before: int | None) -> bool:
         """After EMFILE: raise the soft limit if this DB may and it is below the hard one; True
-        if it was raised (worth one more try)."""
+        if the limit is now above ``limit_before`` (the soft limit when the failed open began:
+        another thread may have raised it meanwhile), so one more try is worth it."""
         if not self.enabled:
             return False
-        old, new = raise_to_hard(self.logger, " after 'too many open files'")
-        return new > old
+        raise_to_hard(self.logger, " after 'too many open files'")
+        now = soft_limit()
+        return now is None or (limit_before is not None and now > limit_before)

@@ -72,12 +72,13 @@ class TableSet:
                 return t
         path = table_file_name(self._dirname, number)
         self._headroom.opening()
+        limit_before = soft_limit()
         try:
             try:
                 t = self._open_table(path, number)
             except StorageIOError as exc:
                 if (exc.errno not in (errno.EMFILE, errno.ENFILE)
-                        or not self._headroom.retry_after_emfile()):
+                        or not self._headroom.retry_after_emfile(limit_before)):
                     raise
                 t = self._open_table(path, number)
         except StorageIOError as exc:
@@ -106,8 +107,10 @@ class TableSet:
         with self._lock:
             have = self._tables.get(number)
             if have is not None:  # another thread opened it meanwhile
-                t.close()
-                self._headroom.closed()
+                try:
+                    t.close()
+                finally:
+                    self._headroom.closed()
                 return have
             self._tables[number] = t
             self._refs.setdefault(number, 0)

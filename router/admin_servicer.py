@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import grpc
@@ -31,7 +32,17 @@ from .shards import ShardClient, translate
 from .slots import SLOT_COUNT, SLOT_FUNCTION
 
 ADMIN_RESULT_TRAILER = "sievekv-admin-result-bin"
-_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+
+def _wildcard(host: str) -> bool:
+    """Whether a listen host is the unspecified address (any spelling: 0.0.0.0, [::], [::0])."""
+    host = host.strip("[]")
+    if host in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False  # a name
 HEALTH_TIMEOUT = 1.0
 
 
@@ -128,7 +139,7 @@ class RouterAdmin:
             try:
                 own = who.result().shards[0]
                 identity = (own.name, own.address)
-                if own.address.rpartition(":")[0] in _WILDCARD_HOSTS:
+                if _wildcard(own.address.rpartition(":")[0]):
                     identity = None  # two hosts' shards may both say 0.0.0.0:P: no proof
             except (grpc.RpcError, IndexError):
                 identity = None

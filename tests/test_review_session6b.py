@@ -1,5 +1,6 @@
 """Review of fed4be2 (fixes from the session-6 review) and edcfd18: strict xfails for what that
-commit still gets wrong, each beside a plain test proving its setup is reached (so a strict
+commit still got wrong (all three fixed the same session; a comment above each test says
+what was wrong), each beside a plain test proving its setup is reached (so a strict
 xfail can never pass for the wrong reason).
 
 1. The write whose log fsync fails with ENOSPC puts the DB in its permanent failed state (only
@@ -30,7 +31,7 @@ import pytest
 from engine import DB
 from engine.errors import StorageIOError
 from engine.faultfs import FaultInjectionFS
-from router.admin_servicer import _WILDCARD_HOSTS
+from router.admin_servicer import _wildcard
 from router.cli.exit_codes import BUSY, code_for_grpc
 from shard.status import status_of
 
@@ -68,8 +69,8 @@ def test_setup_the_failing_fsync_is_enospc_and_later_writes_are_internal(tmp_pat
 # RESOURCE_EXHAUSTED (CLI BUSY, "may succeed later") although no retry can succeed until the
 # DB is reopened. Fix: re-raise it as StorageIOError(..., retryable=False) from exc (as
 # _check_writable now does), or have status_of consult the DB state.
-@pytest.mark.xfail(strict=True, reason="the write whose fsync fails with ENOSPC and leaves the "
-                   "DB needing a reopen is still reported RESOURCE_EXHAUSTED / BUSY")
+# Fixed in session 6; was a strict xfail: the write whose fsync fails with ENOSPC and leaves the
+# DB needing a reopen is still reported RESOURCE_EXHAUSTED / BUSY
 def test_the_write_that_fails_the_db_for_good_is_not_reported_busy(tmp_path):
     first, _ = _first_failing_write(tmp_path)
     code, message = status_of(first)
@@ -127,8 +128,8 @@ def test_setup_refused_filter_mappings_answer_may_match_and_every_get_is_right(r
 # positives); true_positives then exceeds positives and false_positives = max(pos - tp, 0)
 # hides the real false positives. Fix: count a true positive only for a probe counted as a
 # positive (e.g. may_match returns a tri-state, or the filter error path tells get not to).
-@pytest.mark.xfail(strict=True, reason="keys found after a refused filter mapping count as "
-                   "true positives of probes that were never positives")
+# Fixed in session 6; was a strict xfail: keys found after a refused filter mapping count as true
+# positives of probes that were never positives
 def test_true_positives_never_exceed_positives(refused_mappings):
     t = refused_mappings["totals"]
     assert t["true_positives"] <= t["positives"], t
@@ -152,8 +153,8 @@ def test_setup_grpc_listens_on_every_spelling_of_the_unspecified_address():
 # listen host as given (shard/server.py own_address), and _WILDCARD_HOSTS matches strings, so
 # two hosts' shards of one name listening on "[::0]:P" are taken for one process. Fix: strip
 # the brackets and test ipaddress.ip_address(host).is_unspecified (plus "", "*").
-@pytest.mark.xfail(strict=True, reason="[::0] and [0:0:0:0:0:0:0:0] are wildcard "
-                   "listen hosts that _WILDCARD_HOSTS does not list")
+# Fixed in session 6; was a strict xfail: [::0] and [0:0:0:0:0:0:0:0] are wildcard listen hosts
+# that _WILDCARD_HOSTS does not list
 def test_every_spelling_of_the_unspecified_address_is_a_wildcard():
-    missing = [h for h in _OTHER_WILDCARDS if h not in _WILDCARD_HOSTS]
+    missing = [h for h in _OTHER_WILDCARDS if not _wildcard(h)]
     assert missing == []

@@ -94,6 +94,11 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
 # errnos of a mapping refused for lack of resources, not because of the file
 _NO_MAPPING_NOW = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
+UNCHECKED = 2
+"""What ``may_match`` returns (truthy: "may match") when no filter answered: a damaged
+partition, an unknown policy, a mapping the OS refused. Counted as a ``filter_error``, not a
+positive, so a caller counting true positives must not count this probe (``is True``)."""
+
 class PartitionedFilter:
     """The filter of one table. See the module docstring for states, costs and threading."""
 
@@ -122,7 +127,6 @@ class PartitionedFilter:
         self.negatives = 0
         self.true_positives = 0
         self.filter_errors = 0
-        self.map_failures = 0  # mappings the OS refused (each probe then answered "may match")
 
     @property
     def num_partitions(self) -> int:
@@ -145,8 +149,9 @@ class PartitionedFilter:
         return round_up_pages(self._sizes[p])
 
     # -- probing -----------------------------------------------------------------------------
-    def may_match(self, key: bytes) -> bool:
-        """False only if ``key`` is certainly not in the table. Hot path: no lock, no I/O
+    def may_match(self, key: bytes) -> bool | int:
+        """False only if ``key`` is certainly not in the table; True if the filter says it may
+        be; :data:`UNCHECKED` (truthy) if no filter could answer. Hot path: no lock, no I/O
         once the partition is resident."""
         p = bisect_left(self._keys, key)
         if p == self._n:
@@ -165,7 +170,7 @@ class PartitionedFilter:
             raise ClosedError("table is closed")
         if self._match is None or self._state[p] == BAD:
             self.filter_errors += 1
-            return True
+            return UNCHECKED
         with self._lock:
             if self._closed:
                 raise ClosedError("table is closed")
@@ -178,8 +183,7 @@ class PartitionedFilter:
                     # Out of descriptors or address space: answer "may match" (a read, never
                     # a false "absent"), as a damaged filter does; the next probe tries again.
                     self.filter_errors += 1
-                    self.map_failures += 1
-                    return True
+                    return UNCHECKED
             st = self._state[p]
             if st == UNTOUCHED:
                 # Reading the partition for its CRC is what faults its pages in.
@@ -195,7 +199,7 @@ class PartitionedFilter:
                 self._trim_around(p, keep=True)
         if st == BAD:
             self.filter_errors += 1
-            return True
+            return UNCHECKED
         if faulted and self._residency is not None:
             self._residency.on_fault(self._owner, p, self.partition_bytes(p))
         if self._match(self._views[p], key):

@@ -220,8 +220,12 @@ class Table:
         if key > self.largest or key < self.smallest:
             return None
         f = self._filter
-        if f is not None and not f.may_match(key):
-            return None
+        if f is not None:
+            m = f.may_match(key)
+            if not m:
+                return None
+            if m is not True:  # no filter answered (UNCHECKED): not a positive, so no true one
+                f = None
         i = bisect_left(self._index_keys, key)
         if i == self._nblocks:
             return None
