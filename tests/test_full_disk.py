@@ -87,15 +87,20 @@ def test_a_compaction_that_hits_a_full_disk_leaves_writes_alone_and_is_retried(t
     _reopened_holds(path, {**{b"k%03d" % i: b"r1-%d" % i for i in range(200)}, b"during": b"1"})
 
 
+def _two_tables_then_a_full_disk_for_tables(db, fs) -> None:
+    """Two L0 tables of k000..k099 (values r0, then r1); from now on every table write fails."""
+    for r in range(2):
+        for i in range(100):
+            db.put(b"k%03d" % i, b"r%d" % r)
+        db.flush()
+    fs.append_fault = lambda p: p.endswith(".sst")
+
+
 def test_a_manual_compaction_on_a_full_disk_raises_and_leaves_the_db_writable(tmp_path):
     fs = ReviewFS(seed=23)
     path = str(tmp_path / "db")
     with DB.open(path, fs=fs, disable_auto_compactions=True) as db:
-        for r in range(2):
-            for i in range(100):
-                db.put(b"k%03d" % i, b"r%d" % r)
-            db.flush()
-        fs.append_fault = lambda p: p.endswith(".sst")
+        _two_tables_then_a_full_disk_for_tables(db, fs)
         with pytest.raises(StorageIOError) as exc:
             db.compact()
         assert exc.value.errno == errno.ENOSPC
@@ -136,11 +141,7 @@ def test_failed_attempts_leave_no_reserved_numbers_behind(tmp_path):
     fs = ReviewFS(seed=25)
     path = str(tmp_path / "db")
     with DB.open(path, fs=fs, disable_auto_compactions=True) as db:
-        for r in range(2):
-            for i in range(100):
-                db.put(b"k%03d" % i, b"r%d" % r)
-            db.flush()
-        fs.append_fault = lambda p: p.endswith(".sst")
+        _two_tables_then_a_full_disk_for_tables(db, fs)
         for _ in range(3):
             with pytest.raises(StorageIOError):
                 db.compact()

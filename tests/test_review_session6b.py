@@ -36,6 +36,7 @@ from router.cli.exit_codes import BUSY, code_for_grpc
 from shard.status import status_of
 
 from .conftest import REPO
+from .test_review_bounds import _many_tables_db  # ~170 small tables of t000000..t002999
 
 
 # -- 1. the write that puts the DB in its permanent failed state --------------------------------
@@ -93,16 +94,6 @@ _REFUSED_MAPPINGS_CHILD = textwrap.dedent("""
         totals = db.filter_report()["totals"]
     print(json.dumps({"hits": hits, "totals": totals}))
 """)
-
-
-def _many_tables_db(path: str) -> int:
-    """~170 small tables holding t000000..t002999 (as tests/test_review_bounds.py builds)."""
-    with DB.open(path, target_file_size=8192, memtable_bytes=64 * 1024,
-                 max_bytes_for_level_base=64 * 1024, table_workers=0) as db:
-        for i in range(0, 3000, 500):
-            db.write([(b"t%06d" % j, b"x" * 200) for j in range(i, i + 500)])
-        db.compact()
-        return sum(lv["tables"] for lv in db.stats()["levels"])
 
 
 @pytest.fixture(scope="module")
