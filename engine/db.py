@@ -147,6 +147,7 @@ class DB(Background):
         self.filter_cap = FilterCap(opts.filter_memory_cap)
         self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap,
                                 mmap_reads=opts.mmap_reads,
+                                verify_every_read=opts.verify_every_read,
                                 raise_open_file_limit=opts.raise_open_file_limit)
         # Worker processes need the real file system (a test fs cannot cross processes).
         self._pool = (shared_pool(opts.table_workers)

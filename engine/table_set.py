@@ -48,9 +48,11 @@ class TableSet:
     """Open tables keyed by file number, closed when their last reference goes."""
 
     def __init__(self, fs, dirname: str, *, block_cache=None, residency=None,
-                 mmap_reads: bool = False, raise_open_file_limit: bool = False):
+                 mmap_reads: bool = False, verify_every_read: bool = False,
+                 raise_open_file_limit: bool = False):
         self._fs = fs
         self._mmap_reads = mmap_reads
+        self._verify_every_read = verify_every_read
         self._dirname = dirname
         self._block_cache = block_cache
         self._residency = residency
@@ -179,7 +181,8 @@ class TableSet:
 
     def _open_table(self, path: str, number: int):
         return Table.open(self._fs, path, file_number=number, block_cache=self._block_cache,
-                          residency=self._residency, mmap_reads=self._mmap_reads)
+                          residency=self._residency, mmap_reads=self._mmap_reads,
+                          verify_every_read=self._verify_every_read)
 
     def _close_table(self, t) -> None:
         forget = getattr(self._residency, "forget_table", None)

@@ -1,6 +1,7 @@
 """Mapped data-block reads (``mmap_reads``, engine/sstable/reader.py): the same answers as
 ``pread``, no mapping before the first get, no system call or block-cache traffic per get,
-damage caught by the per-read checksum, and a clean ClosedError when close races a get."""
+damage caught by the checksum (tests/test_in_place_reads.py: when it is checked), and a clean
+ClosedError when close races a get."""
 
 import os
 import random
@@ -67,12 +68,13 @@ def test_mapped_gets_match_pread_gets_and_bypass_the_cache(tmp_path):
 def test_damage_in_a_mapped_block_is_a_corruption_error_not_a_wrong_value(tmp_path):
     path = str(tmp_path / "t.sst")
     entries, props = _build(path, n=400)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=True)
     try:
         k0, seq0, kind0, v0 = entries[0]
         assert t.get(k0) == (seq0, kind0, v0)  # the mapping exists now
         # Flip a byte of the first block in place: the mapping shares the page cache, so the
-        # open table sees the damage on its next read and the checksum must catch it.
+        # open table sees the damage on its next read and, checking every read, the checksum
+        # must catch it (by default only a block's first read per open is checked).
         with open(path, "r+b") as f:
             f.seek(40)
             b = f.read(1)

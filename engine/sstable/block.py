@@ -251,49 +251,7 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
     n = len(data) - 4
     num = _u32_at(data, n)[0] if n >= 0 else 0
     if num > BLOCK_HASH_FLAG:  # flagged, >= 1 entry: the hash index answers
-        num -= BLOCK_HASH_FLAG
-        try:
-            if n < 2:
-                raise ValueError
-            nb = _u16_at(data, n - 2)[0]
-            hs = n - 2 - nb  # the slots
-            limit = hs - 4 * num
-            if nb <= num or limit <= 0:
-                raise ValueError
-            s = _hash(target, BLOCK_HASH_SEED, signed=False) % nb
-            for _ in range(nb):  # a writer leaves a slot empty; damage may not (then: error)
-                r = data[hs + s]
-                if not r:
-                    return None
-                if r > num:
-                    raise ValueError
-                p = _u32_at(data, limit + 4 * r - 4)[0]
-                if p >= limit:
-                    raise ValueError
-                kl = data[p + 1]
-                vl = data[p + 2]
-                if (data[p] | kl | vl) < 0x80:
-                    if data[p]:  # shared != 0: an indexed entry is a restart point
-                        raise ValueError
-                    p += 3
-                else:
-                    shared, p = _varint(data, p, limit)
-                    kl, p = _varint(data, p, limit)
-                    vl, p = _varint(data, p, limit)
-                    if shared:
-                        raise ValueError
-                kend = p + kl
-                if data[p:kend] == target:
-                    if kend + vl > limit:
-                        raise ValueError
-                    return kend, kend + vl
-                s += 1
-                if s == nb:
-                    s = 0
-            raise ValueError  # every slot full: not what a writer makes
-        except (IndexError, ValueError, struct.error):
-            raise CorruptionError("block: bad hash index or entry", path=path,
-                                  offset=offset) from None
+        return find_hashed(data, 0, n + 4, target, path, offset)
     limit = n - 4 * num
     if num < 1 or limit <= 0:
         return Block(data, path=path, offset=offset).get(target)  # empty, or raises
@@ -336,3 +294,63 @@ def find_whole(data: bytes, target: bytes, path: str | None = None, offset: int 
     if vend > limit:
         raise CorruptionError(f"block: bad entry at block offset {p}", path=path, offset=offset)
     return kend, vend
+
+
+def find_hashed(buf, start: int, end: int, target: bytes, path: str | None = None,
+                offset: int | None = None):
+    """The hash-index lookup of :func:`find_whole` for the block contents ``buf[start:end]``,
+    read in place: ``buf`` may be the block's bytes (``start`` 0) or a table's whole mapping,
+    so a mapped get reads the few bytes it needs instead of copying the block. REQUIRES: the
+    block's trailer flags a hash index (``find_whole`` checks; a mapped get checked it when
+    the block's checksum was verified).
+
+    Returns ``(value_start, value_end)`` as indexes into ``buf``, or None. Every index read is
+    checked against the block's own bounds (a slice of a mapping does not stop at the block's
+    end as bytes would), and any inconsistency is a CorruptionError naming ``path`` and
+    ``offset``; a ValueError from a closed mapping surfaces as that CorruptionError too, so a
+    caller reading a mapping that may be closed checks for that first.
+    """
+    try:
+        n = end - 4
+        if n - 2 < start:
+            raise ValueError
+        num = _u32_at(buf, n)[0] - BLOCK_HASH_FLAG
+        nb = _u16_at(buf, n - 2)[0]
+        hs = n - 2 - nb  # the slots
+        limit = hs - 4 * num
+        if num < 1 or nb <= num or limit <= start:
+            raise ValueError
+        s = _hash(target, BLOCK_HASH_SEED, signed=False) % nb
+        for _ in range(nb):  # a writer leaves a slot empty; damage may not (then: error)
+            r = buf[hs + s]
+            if not r:
+                return None
+            if r > num:
+                raise ValueError
+            p = start + _u32_at(buf, limit + 4 * r - 4)[0]
+            if p >= limit:
+                raise ValueError
+            kl = buf[p + 1]
+            vl = buf[p + 2]
+            if (buf[p] | kl | vl) < 0x80:
+                if buf[p]:  # shared != 0: an indexed entry is a restart point
+                    raise ValueError
+                p += 3
+            else:
+                shared, p = _varint(buf, p, limit)
+                kl, p = _varint(buf, p, limit)
+                vl, p = _varint(buf, p, limit)
+                if shared:
+                    raise ValueError
+            kend = p + kl
+            if buf[p:kend] == target:
+                if kend + vl > limit:
+                    raise ValueError
+                return kend, kend + vl
+            s += 1
+            if s == nb:
+                s = 0
+        raise ValueError  # every slot full: not what a writer makes
+    except (IndexError, ValueError, struct.error):
+        raise CorruptionError("block: bad hash index or entry", path=path,
+                              offset=offset) from None

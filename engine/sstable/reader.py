@@ -9,10 +9,14 @@ index in memory as plain lists. It neither reads nor maps the filter region.
 first probe), and only on "may match" reads one data block. How it reads the block:
 
 * ``mmap_reads=True`` (the DB's default, LevelDB's choice on 64-bit hosts): the data blocks
-  are mapped read-only (``MADV_RANDOM``) on the first get that needs one, and a block is a slice
-  of that mapping, its trailer checked on every read: no system call, and the block cache is
-  not consulted (the OS page cache is the cache; copying a 4 KiB block into an LRU costs more
-  than slicing it again, ``bench/results/db.md`` bench 6).
+  are mapped read-only (``MADV_RANDOM``) on the first get that needs one: no system call, and
+  the block cache is not consulted (the OS page cache is the cache; copying a 4 KiB block into
+  an LRU costs more than slicing it again, ``bench/results/db.md`` bench 6). A block's first
+  get slices it and checks its trailer; once it passed and has a hash index, later gets read
+  the few bytes they need in place (:func:`~engine.sstable.block.find_hashed`), no copy and
+  no CRC: the mapping then serves verified blocks as a block cache would, and damage that
+  appears on disk under the open table after that first read is seen only once the table is
+  reopened. ``verify_every_read=True`` checks the trailer on every get instead (~25% of a get).
 * ``mmap_reads=False``: one ``pread`` per block through the block cache, if any.
 
 Tables written with restart interval 1 (the properties say so) are searched by
@@ -52,12 +56,12 @@ import google_crc32c
 from ..checksum import MASK_DELTA as _MASK_DELTA, mask
 from ..errors import ClosedError, CorruptionError, StorageIOError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
-from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
+from ..format import (BLOCK_HASH_FLAG, BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES,
                       ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
                       TABLE_FOOTER_SIZE)
 from ..vfs import FileSystem
-from .block import Block, find_whole
+from .block import Block, find_hashed, find_whole
 from .filter_builder import round_up_pages
 from .filter_reader import PartitionedFilter
 from .footer import Footer
@@ -87,7 +91,7 @@ class Table:
     """An open, immutable table. See the module docstring; build with :meth:`open`."""
 
     def __init__(self, file, path: str, file_number: int, block_cache, residency,
-                 mmap_reads: bool = False):
+                 mmap_reads: bool = False, verify_every_read: bool = False):
         self._file = file
         self.path = path
         self.file_number = file_number
@@ -157,6 +161,10 @@ class Table:
         self._mapped = mmap_reads and n > 0
         if self._mapped:
             self._cache = None
+        # Per data block: 1 once a mapped get has verified its checksum and seen its hash
+        # index; later gets read it in place (find_hashed), as a block cache would serve it.
+        self._in_place = bytearray(n if self._mapped else 0)
+        self._verify_every_read = verify_every_read
         self._filter: PartitionedFilter | None = None
         fi = handles.get(META_FILTER_INDEX)
         # Invariant 4 (docs/format.md, "Invariants"): the meta blocks fill the tail in grammar
@@ -193,18 +201,22 @@ class Table:
 
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
-             residency=None, mmap_reads: bool = False) -> "Table":
+             residency=None, mmap_reads: bool = False,
+             verify_every_read: bool = False) -> "Table":
         """Open the table at ``path``: reads the footer and the metadata tail only.
 
         ``mmap_reads``: gets read data blocks from a read-only mapping of the data region
         (made on the first such read, not here) instead of ``pread`` + block cache.
+        ``verify_every_read``: mapped gets check a block's checksum on every read, not only on
+        its first (the module docstring says what that trades).
 
         Raises CorruptionError (naming the file and offset) if they fail a checksum or the
         format, StorageIOError if the file cannot be read.
         """
         file = fs.open_readable(path)
         try:
-            return cls(file, path, file_number, block_cache, residency, mmap_reads)
+            return cls(file, path, file_number, block_cache, residency, mmap_reads,
+                       verify_every_read)
         except BaseException:
             file.close()
             raise
@@ -232,23 +244,50 @@ class Table:
         self.data_blocks_read += 1
         m = self._data_map
         if m is not None and self._whole:
-            # Mapped, restart interval 1 (the default): _read_contents inlined. Contents and
-            # trailer are sliced apart (one copy of the block), the CRC check is mask() inlined.
+            # Mapped, restart interval 1 (the default).
             off = self._offsets[i]
             end = off + self._sizes[i]
-            try:
-                data = m[off:end]
-                t = m[end : end + BLOCK_TRAILER_SIZE]
-            except ValueError:  # the mapping was closed: close() ran
-                raise ClosedError(f"table {self.path} is closed") from None
-            c = _crc_extend(_crc_value(data), _DATA_TYPE_BYTE)
-            if (len(t) != BLOCK_TRAILER_SIZE or t[0] != BLOCK_TYPE_DATA
-                    or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-                    != _u32_at(t, 1)[0]):
-                data = self._read_contents(i)  # raises the CorruptionError naming the failure
-            else:
+            if self._in_place[i]:
                 self.data_block_file_reads += 1
-            r = find_whole(data, key, self.path, off)
+                # Verified by an earlier read and hash-indexed: read the few bytes the lookup
+                # needs in place (copying and checksumming a 4 KiB block cost ~4 us of a
+                # ~13 us get, docs/benchmarks.md D5).
+                try:
+                    r = find_hashed(m, off, end, key, self.path, off)
+                    if r is None:
+                        return None
+                    vs, ve = r
+                    if ve - vs >= 8:
+                        tag = _tag_at(m, vs)[0]
+                        kind = tag & 0xFF
+                        if kind == KIND_VALUE or kind == KIND_DELETE:
+                            if f is not None:
+                                f.true_positives += 1
+                            return tag >> 8, kind, m[vs + 8 : ve]
+                    return self._decode(m, vs, ve, off)  # raises the CorruptionError
+                except (CorruptionError, ValueError):
+                    if m.closed:  # close() ran: not damage
+                        raise ClosedError(f"table {self.path} is closed") from None
+                    raise
+            else:
+                # First read of this block: _read_contents inlined. Contents and trailer are
+                # sliced apart (one copy of the block), the CRC check is mask() inlined.
+                try:
+                    data = m[off:end]
+                    t = m[end : end + BLOCK_TRAILER_SIZE]
+                except ValueError:  # the mapping was closed: close() ran
+                    raise ClosedError(f"table {self.path} is closed") from None
+                c = _crc_extend(_crc_value(data), _DATA_TYPE_BYTE)
+                if (len(t) != BLOCK_TRAILER_SIZE or t[0] != BLOCK_TYPE_DATA
+                        or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+                        != _u32_at(t, 1)[0]):
+                    data = self._read_contents(i)  # raises the CorruptionError naming it
+                else:
+                    self.data_block_file_reads += 1
+                    if (len(data) >= 4 and _u32_at(data, len(data) - 4)[0] > BLOCK_HASH_FLAG
+                            and not self._verify_every_read):
+                        self._in_place[i] = 1
+                r = find_whole(data, key, self.path, off)
         elif self._whole:  # restart interval 1: search the contents, no Block built or cached
             cache = self._cache
             if cache is None:
