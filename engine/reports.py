@@ -143,6 +143,7 @@ def stats(db) -> dict:
                         "hits": cache.hits if cache is not None else 0,
                         "misses": cache.misses if cache is not None else 0},
         "reads": {"mmap_reads": db.options.mmap_reads,
+                  "verify_every_read": db.options.verify_every_read,
                   "mapped_tables": sum(1 for t in live if getattr(t, "_data_map", None)),
                   "map_failures": map_failures},
         "gets": gets,

@@ -48,7 +48,7 @@ class TableSet:
     """Open tables keyed by file number, closed when their last reference goes."""
 
     def __init__(self, fs, dirname: str, *, block_cache=None, residency=None,
-                 mmap_reads: bool = False, verify_every_read: bool = False,
+                 mmap_reads: bool = False, verify_every_read: bool = True,
                  raise_open_file_limit: bool = False):
         self._fs = fs
         self._mmap_reads = mmap_reads

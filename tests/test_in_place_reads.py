@@ -1,11 +1,12 @@
 """In-place mapped reads (engine/sstable/reader.py, ``Table.get``; engine/sstable/block.py,
-``find_hashed``): a mapped get verifies a data block's checksum on its first read and, once it
-passed, later gets read the entry they need from the mapping without copying the block.
+``find_hashed``): with ``verify_every_read=False`` a mapped get verifies a data block's
+checksum on its first read and, once it passed, later gets read the entry they need from the
+mapping without copying the block. The default (True) checks every read.
 
 What must hold: the same answers as the copying path; a lookup inside a mapping never reads
 past its own block (a damaged index entry is a CorruptionError, not a neighbour's bytes); a
-block that failed its checksum is never read in place; ``verify_every_read`` keeps the
-per-read check; a mapping closed under a read is ClosedError, not corruption.
+block that failed its checksum is never read in place; the default keeps the per-read check;
+a mapping closed under a read is ClosedError, not corruption.
 """
 
 import mmap
@@ -98,7 +99,7 @@ def _table(path, n=3000, seed=3, deletes=True):
 def test_second_reads_of_a_block_are_in_place_and_answer_the_same(tmp_path):
     path = str(tmp_path / "t.sst")
     entries = _table(path)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:
         for rnd in range(2):
             for k, seq, kind, v in entries:
@@ -125,7 +126,7 @@ def test_a_block_that_failed_its_checksum_is_never_read_in_place(tmp_path):
     path = str(tmp_path / "t.sst")
     entries = _table(path, deletes=False)
     _flip(path, 100)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:
         k0 = entries[0][0]
         for _ in range(3):
@@ -164,7 +165,7 @@ def test_damage_after_the_first_read_is_caught_per_read_or_at_reopen(tmp_path,
                 t.get(entries[i][0])
     finally:
         t.close()
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:  # a reopened table checks the block again on its first read
         with pytest.raises(CorruptionError):
             t.get(entries[i][0])
@@ -175,10 +176,12 @@ def test_damage_after_the_first_read_is_caught_per_read_or_at_reopen(tmp_path,
 def test_a_mapping_closed_under_an_in_place_read_is_closed_error(tmp_path):
     path = str(tmp_path / "t.sst")
     entries = _table(path)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:
         k, seq, kind, v = entries[10]
         assert t.get(k) == (seq, kind, v)
+        assert t.get(k) == (seq, kind, v)  # (the first get mapped the table; this one verified)
+        assert any(t._in_place)
         # close() swaps the mapping out before closing it; a get that loaded it just before
         # sees a closed mapping. Simulate that moment: the table still holds the closed one.
         m = t._data_map

@@ -1,7 +1,8 @@
-"""Review of 3e65686 (in-place mapped reads, ``verify_every_read``): strict xfails for what
-is wrong, and passing tests for what was checked and found right.
+"""Review of 3e65686 (in-place mapped reads, ``verify_every_read``): tests for what was wrong
+(strict xfails until fixed in session 7, each marked where it stands), and passing tests for
+what was checked and found right.
 
-Wrong (xfail):
+Was wrong (fixed):
 * the new bool option ``verify_every_read`` (like ``mmap_reads``, ``data_block_hash_index``
   and ``raise_open_file_limit`` before it) is not type-checked: ``verify_every_read = "false"``
   in a cluster config is accepted and turns the per-read check ON;
@@ -23,6 +24,7 @@ import threading
 import google_crc32c
 import pytest
 
+from engine import DB
 from engine.checksum import mask
 from engine.errors import ClosedError, CorruptionError, InvalidArgumentError
 from engine.format import (BLOCK_HASH_FLAG, BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, KIND_DELETE,
@@ -61,11 +63,9 @@ def _warm(t, entries):
 
 # -- 1. verify_every_read (and its bool siblings) are not type-checked ------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/options.py _validate checks only a hard-coded list of bools (create_if_missing, "
-    "error_if_exists, sync, disable_auto_compactions, optimize_filters_for_hits); "
-    "verify_every_read, mmap_reads, data_block_hash_index and raise_open_file_limit take any "
-    "value, so the string 'false' is truthy and means on"))
+# Fixed in session 7; was a strict xfail: engine/options.py _validate checked only a hard-coded
+# list of bools, so verify_every_read, mmap_reads, data_block_hash_index and
+# raise_open_file_limit took any value, and the string "false" (truthy) meant on.
 @pytest.mark.parametrize("name", ["verify_every_read", "mmap_reads", "data_block_hash_index",
                                   "raise_open_file_limit"])
 def test_bool_options_refuse_a_string(name):
@@ -73,15 +73,14 @@ def test_bool_options_refuse_a_string(name):
         Options.from_kwargs(**{name: "false"})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/config.py passes [engine] verify_every_read through unchecked and Options does "
-    "not check it: `verify_every_read = \"false\"` is accepted (and verifies every read)"))
+# Fixed in session 7; was a strict xfail: router/config.py passed [engine] verify_every_read
+# through unchecked and Options did not check it, so `verify_every_read = "false"` was accepted.
 def test_config_refuses_a_string_verify_every_read(tmp_path):
     from router import config as c
     text = c.default_config_text()
-    assert "verify_every_read = false" in text
+    assert "verify_every_read = true" in text
     p = tmp_path / "c.toml"
-    p.write_text(text.replace("verify_every_read = false", 'verify_every_read = "false"'))
+    p.write_text(text.replace("verify_every_read = true", 'verify_every_read = "false"'))
     with pytest.raises(c.ConfigError, match="verify_every_read"):
         c.load(str(p), data_dir=str(tmp_path / "d"))
 
@@ -103,11 +102,8 @@ def _reseal_block(path, t, i, edit):
         f.write(bytes(contents) + bytes((BLOCK_TYPE_DATA,)) + struct.pack("<I", crc))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/sstable/reader.py Table.get: the copying path counts f.true_positives before "
-    "_decode raises on a bad entry kind, the in-place path only after the kind is checked, so "
-    "the same get of the same key counts a true positive on a block's first two reads and not "
-    "on later ones"))
+# Fixed in session 7; was a strict xfail: Table.get's copying path counted f.true_positives
+# before _decode raised on a bad entry kind, the in-place path only after the kind was checked.
 def test_true_positives_of_a_malformed_entry_do_not_depend_on_the_read_path(tmp_path):
     path = str(tmp_path / "t.sst")
     entries = _entries(n=600)
@@ -126,7 +122,7 @@ def test_true_positives_of_a_malformed_entry_do_not_depend_on_the_read_path(tmp_
             contents[at] = 7  # kind 7: neither value nor tombstone
 
         _reseal_block(path, t0, i, bad_kind)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:
         for _ in range(4):  # map; verify (sets _in_place); then twice in place
             with pytest.raises(CorruptionError) as ei:
@@ -174,28 +170,25 @@ def test_with_a_block_cache_damage_after_the_first_read_is_never_a_wrong_value(t
         t.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "docs (engine/options.py verify_every_read, router/default_config.toml, reader.py module "
-    "docstring: 'the mapping then serves verified blocks as a block cache would') say damage "
-    "after a block's first read goes unseen 'as with a block cache'; a block cache serves the "
-    "verified copy, an in-place get serves the damaged bytes as the value, until the table is "
-    "reopened (for a long-lived L6 table: until the process restarts), and never checks the "
-    "block again even after the kernel drops its pages and reads them back from the disk. "
-    "Fix: state that (wrong values, not only unseen damage) or default verify_every_read on"))
-def test_in_place_reads_never_return_a_damaged_value_as_a_block_cache_would_not(tmp_path):
+# Fixed in session 7; was a strict xfail: the docs said damage after a block's first read goes
+# unseen "as with a block cache", but a block cache serves the checked copy where an in-place
+# get serves the damaged bytes as the value until the table is reopened. verify_every_read is
+# now on by default (every mapped get checks its block), and the docs of the option say that
+# turning it off can return a wrong value.
+def test_by_default_damage_after_the_first_read_is_never_a_wrong_value(tmp_path):
     path, entries, (k, seq, kind, v), at = _damaged_value_case(tmp_path)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True)  # the DB's default: check every read
     try:
         _warm(t, entries)
-        assert any(t._in_place)
+        assert not any(t._in_place)
         _flip(path, at)
-        try:
-            got = t.get(k)
-        except CorruptionError:
-            return
-        assert got == (seq, kind, v)  # fails: the damaged value comes back
+        with pytest.raises(CorruptionError):
+            t.get(k)
     finally:
         t.close()
+    with DB.open(str(tmp_path / "db"), table_workers=0) as db:  # and the DB's default is that
+        assert db.options.verify_every_read is True
+        assert db.stats()["reads"]["verify_every_read"] is True
 
 
 # -- checked and found right --------------------------------------------------------------------
@@ -270,7 +263,7 @@ def test_gets_racing_close_on_in_place_blocks_are_right_or_closed_error(tmp_path
                        value_lens=(0, 1, 50, 130, 300))
     _write_table(path, entries)
     for round_ in range(6):
-        t = Table.open(FileSystem(), path, mmap_reads=True)
+        t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
         _warm(t, entries)
         assert all(t._in_place)
         errors, wrong = [], []
@@ -306,7 +299,7 @@ def test_trailer_and_offsets_of_the_last_block_are_not_read_in_place(tmp_path):
     path = str(tmp_path / "t.sst")
     entries = _entries(n=800)
     _write_table(path, entries)
-    t = Table.open(FileSystem(), path, mmap_reads=True)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:
         _warm(t, entries)
         last = t._nblocks - 1

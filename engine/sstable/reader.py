@@ -11,12 +11,15 @@ first probe), and only on "may match" reads one data block. How it reads the blo
 * ``mmap_reads=True`` (the DB's default, LevelDB's choice on 64-bit hosts): the data blocks
   are mapped read-only (``MADV_RANDOM``) on the first get that needs one: no system call, and
   the block cache is not consulted (the OS page cache is the cache; copying a 4 KiB block into
-  an LRU costs more than slicing it again, ``bench/results/db.md`` bench 6). A block's first
-  get slices it and checks its trailer; once it passed and has a hash index, later gets read
-  the few bytes they need in place (:func:`~engine.sstable.block.find_hashed`), no copy and
-  no CRC: the mapping then serves verified blocks as a block cache would, and damage that
-  appears on disk under the open table after that first read is seen only once the table is
-  reopened. ``verify_every_read=True`` checks the trailer on every get instead (~25% of a get).
+  an LRU costs more than slicing it again, ``bench/results/db.md`` bench 6). Each get slices
+  its block and checks the trailer (``verify_every_read=True``, the DB's default). With
+  ``verify_every_read=False`` only a block's first get does; once it passed and the block has
+  a hash index, later gets read the few bytes they need in place
+  (:func:`~engine.sstable.block.find_hashed`: no copy, no CRC; 10-25% faster gets,
+  ``bench/results/db.md`` "Session 7"). The price: a mapping shows what the disk holds now,
+  not the checked copy a block cache would keep, so damage that appears on disk under the
+  open table after a block's first read can come back as a wrong value until the table is
+  reopened.
 * ``mmap_reads=False``: one ``pread`` per block through the block cache, if any.
 
 Tables written with restart interval 1 (the properties say so) are searched by
@@ -91,7 +94,7 @@ class Table:
     """An open, immutable table. See the module docstring; build with :meth:`open`."""
 
     def __init__(self, file, path: str, file_number: int, block_cache, residency,
-                 mmap_reads: bool = False, verify_every_read: bool = False):
+                 mmap_reads: bool = False, verify_every_read: bool = True):
         self._file = file
         self.path = path
         self.file_number = file_number
@@ -161,8 +164,8 @@ class Table:
         self._mapped = mmap_reads and n > 0
         if self._mapped:
             self._cache = None
-        # Per data block: 1 once a mapped get has verified its checksum and seen its hash
-        # index; later gets read it in place (find_hashed), as a block cache would serve it.
+        # Per data block, with verify_every_read off: 1 once a mapped get has verified its
+        # checksum and seen its hash index; later gets read it in place (find_hashed).
         self._in_place = bytearray(n if self._mapped else 0)
         self._verify_every_read = verify_every_read
         self._filter: PartitionedFilter | None = None
@@ -202,13 +205,13 @@ class Table:
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
              residency=None, mmap_reads: bool = False,
-             verify_every_read: bool = False) -> "Table":
+             verify_every_read: bool = True) -> "Table":
         """Open the table at ``path``: reads the footer and the metadata tail only.
 
         ``mmap_reads``: gets read data blocks from a read-only mapping of the data region
         (made on the first such read, not here) instead of ``pread`` + block cache.
-        ``verify_every_read``: mapped gets check a block's checksum on every read, not only on
-        its first (the module docstring says what that trades).
+        ``verify_every_read``: mapped gets check a block's checksum on every read; False: on
+        its first read only, then read it in place (the module docstring says what that risks).
 
         Raises CorruptionError (naming the file and offset) if they fail a checksum or the
         format, StorageIOError if the file cannot be read.
@@ -249,20 +252,20 @@ class Table:
             end = off + self._sizes[i]
             if self._in_place[i]:
                 self.data_block_file_reads += 1
-                # Verified by an earlier read and hash-indexed: read the few bytes the lookup
-                # needs in place (copying and checksumming a 4 KiB block cost ~4 us of a
-                # ~13 us get, docs/benchmarks.md D5).
+                # verify_every_read off, and the block verified by an earlier get and hash-
+                # indexed: read the few bytes the lookup needs in place (no 4 KiB copy and CRC;
+                # bench/results/db.md "Session 7").
                 try:
                     r = find_hashed(m, off, end, key, self.path, off)
                     if r is None:
                         return None
+                    if f is not None:  # counted where the copying path counts it
+                        f.true_positives += 1
                     vs, ve = r
                     if ve - vs >= 8:
                         tag = _tag_at(m, vs)[0]
                         kind = tag & 0xFF
                         if kind == KIND_VALUE or kind == KIND_DELETE:
-                            if f is not None:
-                                f.true_positives += 1
                             return tag >> 8, kind, m[vs + 8 : ve]
                     return self._decode(m, vs, ve, off)  # raises the CorruptionError
                 except (CorruptionError, ValueError):
