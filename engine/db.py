@@ -66,6 +66,7 @@ from .recovery import recover
 from .table_set import TableSet
 from .table_writer import Cancelled
 from .table_workers import shared_pool
+from .verify import verify_db
 from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
 
@@ -622,6 +623,12 @@ class DB(Background):
                         if isinstance(exc, StorageIOError):  # only a reopen ends this failure
                             exc.retryable = False
                     raise
+
+    def verify(self) -> dict:
+        """Check every checksum of every live table, reading each file again (engine/verify.py:
+        what is covered, the report's fields). Damage is listed in the report, not raised;
+        reads and writes go on meanwhile. ``stats()["verify_running"]`` shows progress."""
+        return verify_db(self)
 
     # ------------------------------------------------------------------------------------
     # reports and helpers

@@ -134,6 +134,9 @@ def stats(db) -> dict:
         "compaction_bytes_written": c.compaction_bytes_written,
         "compaction_seconds": round(c.compaction_s, 3),
         "compaction_running": _running_compaction(db),
+        # DB.verify in progress (engine/verify.py Progress.report), or None
+        "verify_running": (lambda p: p.report() if p is not None else None)(
+            getattr(db, "_verify_progress", None)),
         "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
                         "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
                         "total_seconds": round(c.slowdown_s + c.stop_s, 4)},

@@ -4,7 +4,8 @@
   shard that failed or could not be reached), totals over the answering shards (amounts
   summed, ratios recomputed from the sums: ``shard.metrics.sum_totals``), and
   the JSON ``{"shards": {name: report}, "totals": {...}, "errors": {name: message}}``.
-- Flush/Compact return one section per shard; when any shard failed, the call fails with the
+- Flush/Compact/Verify return one section per shard (Verify's with the shard's report as JSON);
+  when any shard failed, the call fails with the
   first failure's code and the AdminResponse rides in trailing metadata
   ``sievekv-admin-result-bin``.
 - ClusterInfo returns the cluster map with each shard's health (grpc.health.v1 Check, at most
@@ -100,8 +101,10 @@ class RouterAdmin:
         sections, failed = [], []
         for shard, _response, failure in self._fan_out(
                 method, request, shard_timeout(context, self.admin_timeout)):
-            if failure is None:
-                sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=True))
+            if failure is None:  # Verify's sections carry the shard's report
+                text = _response.shards[0].json if _response.shards else ""
+                sections.append(pb.ShardSection(shard=shard.name, address=shard.address, ok=True,
+                                                json=text))
             else:
                 code, details = failure
                 failed.append(failure)
@@ -112,6 +115,10 @@ class RouterAdmin:
             code, details = failed[0]
             summary = f"{method} failed on {len(failed)} of {len(sections)} shard(s): {details}"
             report = trailers.fit(response, response.shards, ("error", "address"))
+            if report is None and any(s.json for s in response.shards):
+                for s in response.shards:  # reports cannot be cut short (JSON): drop them first
+                    s.json = ""
+                report = trailers.fit(response, response.shards, ("error", "address"))
             if report is None:
                 raise StatusError(code, summary + " (per-shard report too large to send)")
             raise StatusError(code, summary, trailers=((ADMIN_RESULT_TRAILER, report),))
@@ -122,6 +129,9 @@ class RouterAdmin:
 
     def Compact(self, request, context):
         return self._everywhere("Compact", request, context)
+
+    def Verify(self, request, context):
+        return self._everywhere("Verify", request, context)
 
     def ClusterInfo(self, request, context):
         timeout = min(HEALTH_TIMEOUT, shard_timeout(context, HEALTH_TIMEOUT))

@@ -109,6 +109,7 @@ class ShardResult:
     ok: bool
     code: grpc.StatusCode
     error: str
+    report: dict | None = None  # Verify: the shard's report (tables, data_blocks, bytes, ...)
 
 
 class PartialWriteError(ClientError):

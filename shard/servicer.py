@@ -21,6 +21,8 @@ from .status import StatusError
 SCAN_BATCH_ENTRIES = 512
 """Most entries per ScanResponse message."""
 SCAN_BATCH_BYTES = 256 * 1024
+VERIFY_NAMED = 5
+"""Damaged files a failed Verify names in its message (the rest are counted)."""
 """A ScanResponse is sent once its keys and values reach this many bytes (one entry at least)."""
 
 _NOT_FOUND = pb.GetResponse()  # immutable in practice: only ever serialized
@@ -163,6 +165,20 @@ class AdminServicer:
     def Compact(self, request, context):
         self.db.compact()
         return self._ok()
+
+    def Verify(self, request, context):
+        """Every table's checksums (DB.verify); damage is DATA_LOSS naming each damaged file
+        and offset (at most VERIFY_NAMED, then a count)."""
+        report = self.db.verify()
+        damaged = report["damaged"]
+        if damaged:
+            named = "; ".join(f"{d['error']} (L{d['level']})" for d in damaged[:VERIFY_NAMED])
+            more = f"; and {len(damaged) - VERIFY_NAMED} more" if len(damaged) > VERIFY_NAMED else ""
+            raise StatusError(grpc.StatusCode.DATA_LOSS,
+                              f"{len(damaged)} of {report['tables']} tables damaged: {named}{more}")
+        return pb.AdminResponse(shards=[pb.ShardSection(
+            shard=self.name, address=self.address, ok=True,
+            json=json.dumps(report, sort_keys=True))])
 
     def ClusterInfo(self, request, context):
         return pb.ClusterInfoResponse(role="shard", shards=[pb.ShardInfo(

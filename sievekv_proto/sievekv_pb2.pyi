@@ -132,6 +132,10 @@ class CompactRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class VerifyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ClusterInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -366,6 +366,11 @@ class AdminStub:
                 request_serializer=sievekv__pb2.CompactRequest.SerializeToString,
                 response_deserializer=sievekv__pb2.AdminResponse.FromString,
                 _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/sievekv.v1.Admin/Verify',
+                request_serializer=sievekv__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=sievekv__pb2.AdminResponse.FromString,
+                _registered_method=True)
         self.ClusterInfo = channel.unary_unary(
                 '/sievekv.v1.Admin/ClusterInfo',
                 request_serializer=sievekv__pb2.ClusterInfoRequest.SerializeToString,
@@ -405,6 +410,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Check every checksum of every table (the whole files read again, while the shard serves):
+        damage no read has touched yet is found. Each shard's section carries its report as JSON
+        (tables, data_blocks, filter_partitions, bytes, seconds). A shard that finds damage fails
+        with DATA_LOSS naming every damaged file and offset; then the call fails as Compact does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClusterInfo(self, request, context):
         """The cluster map and each shard's health. A shard answers with itself only.
         """
@@ -433,6 +448,11 @@ def add_AdminServicer_to_server(servicer, server):
             'Compact': grpc.unary_unary_rpc_method_handler(
                     servicer.Compact,
                     request_deserializer=sievekv__pb2.CompactRequest.FromString,
+                    response_serializer=sievekv__pb2.AdminResponse.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=sievekv__pb2.VerifyRequest.FromString,
                     response_serializer=sievekv__pb2.AdminResponse.SerializeToString,
             ),
             'ClusterInfo': grpc.unary_unary_rpc_method_handler(
@@ -551,6 +571,33 @@ class Admin:
             target,
             '/sievekv.v1.Admin/Compact',
             sievekv__pb2.CompactRequest.SerializeToString,
+            sievekv__pb2.AdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sievekv.v1.Admin/Verify',
+            sievekv__pb2.VerifyRequest.SerializeToString,
             sievekv__pb2.AdminResponse.FromString,
             options,
             channel_credentials,

@@ -93,7 +93,7 @@ def _encoding(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench_cmd, data_cmds, lifecycle, report_cmds, status
+    from . import bench_cmd, data_cmds, lifecycle, report_cmds, status, verify_cmd
 
     root = _Parser(prog="sievekv", description=DESCRIPTION, epilog=exit_codes.epilog(),
                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
                 "and shows each shard's progress on stderr", router=True,
                 timeout_help="give up waiting after this many seconds (default: no deadline; "
                              "the shards go on compacting)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(sub, "verify", verify_cmd.cmd_verify,
+                "check every checksum of every table on every shard (reads all table files "
+                "again while serving); exit 1 if any is damaged; progress on stderr",
+                router=True,
+                timeout_help="give up waiting after this many seconds (default: no deadline; "
+                             "the shards finish their check)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- config --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ _REQUESTS = {
     "FilterReport": pb.FilterReportRequest,
     "Flush": pb.FlushRequest,
     "Compact": pb.CompactRequest,
+    "Verify": pb.VerifyRequest,
     "ClusterInfo": pb.ClusterInfoRequest,
 }
 

@@ -1,0 +1,73 @@
+"""Checking every checksum of an open table on demand (``DB.verify``; RocksDB's
+``VerifyChecksum``, Cassandra's ``nodetool verify``).
+
+Gets check only the blocks they read, when they read them; a block nobody reads can rot
+unseen. :func:`verify_table` reads the whole file again through its descriptor (``pread``, in
+chunks of about :data:`CHUNK_BYTES`, never through the table's mappings or the block cache)
+and checks, in file order: the footer and the metadata tail (the checks of
+:meth:`Table.open <engine.sstable.reader.Table.open>`, docs/format.md "Reading"), every data
+block's trailer (type and CRC), and every filter partition's CRC. It raises the first
+CorruptionError, naming the file and the offset of the damaged block or partition; it changes
+nothing and leaves the table's own state (mappings, counters) alone.
+"""
+
+from __future__ import annotations
+
+from ..checksum import crc32c, mask
+from ..errors import CorruptionError
+from ..format import BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA
+from .handle import BlockHandle, unseal
+from .reader import Table
+
+CHUNK_BYTES = 1 << 20
+"""About this many bytes per read (whole blocks or partitions; one larger block is read alone)."""
+
+_DATA_TYPE = bytes((BLOCK_TYPE_DATA,))
+
+
+def verify_table(table: Table, progress=None) -> dict:
+    """Check every checksum of ``table`` (module docstring). ``progress(n)`` is called with
+    the bytes checked since its last call. Returns ``{"data_blocks", "filter_partitions",
+    "bytes"}``; raises CorruptionError on damage, StorageIOError if the file cannot be read,
+    ClosedError once the table is closed."""
+    file, path = table._file, table.path
+    # A second reader on the same descriptor re-reads and re-checks the footer and the
+    # metadata tail; it maps nothing and is dropped without close (the file is the table's).
+    fresh = Table(file, path, table.file_number, None, None)
+    if progress is not None:
+        progress(table.file_size - fresh.properties.data_bytes - fresh.properties.filter_bytes)
+    offsets, sizes = fresh._offsets, fresh._sizes
+    i, n = 0, len(offsets)
+    while i < n:  # data blocks, a chunk of whole blocks per read
+        start = offsets[i]
+        j = i + 1
+        while j < n and offsets[j] + sizes[j] + BLOCK_TRAILER_SIZE - start <= CHUNK_BYTES:
+            j += 1
+        end = offsets[j - 1] + sizes[j - 1] + BLOCK_TRAILER_SIZE
+        chunk = file.read_at(start, end - start)
+        for k in range(i, j):
+            lo = offsets[k] - start
+            size = sizes[k]
+            raw = chunk[lo : lo + size + BLOCK_TRAILER_SIZE]
+            if (len(raw) != size + BLOCK_TRAILER_SIZE or raw[size] != BLOCK_TYPE_DATA
+                    or mask(crc32c(_DATA_TYPE, crc32c(raw[:size])))
+                    != int.from_bytes(raw[size + 1:], "little")):
+                unseal(raw, BlockHandle(offsets[k], size), BLOCK_TYPE_DATA, path)  # raises
+                raise CorruptionError("data block: bad trailer", path=path, offset=offsets[k])
+        if progress is not None:
+            progress(end - start)
+        i = j
+    partitions = 0
+    f = fresh._filter
+    if f is not None:
+        base = f.region_offset
+        for p in range(f.num_partitions):
+            off, size = base + f._offsets[p], f._sizes[p]
+            data = file.read_at(off, size)
+            if len(data) != size or mask(crc32c(data)) != f._crcs[p]:
+                raise CorruptionError(f"filter partition {p}: checksum mismatch", path=path,
+                                      offset=off)
+            partitions += 1
+        if progress is not None:
+            progress(fresh.properties.filter_bytes)
+    return {"data_blocks": n, "filter_partitions": partitions, "bytes": table.file_size}
