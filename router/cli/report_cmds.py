@@ -185,27 +185,8 @@ def cmd_compact(args) -> int:
     the other calls this one has no deadline unless ``--timeout`` sets one, and while it runs
     each shard's progress (output bytes written of its input bytes, from Stats) is shown on
     stderr (``--quiet``: not). Ctrl-C stops waiting, not the shards."""
-    if getattr(args, "timeout", None) is None:
-        args.timeout = COMPACT_DEADLINE
-    stop = threading.Event()
-    watcher = None
-    if not getattr(args, "quiet", False):
-        addr = target.router_address(args)
-        watcher = threading.Thread(target=_watch_compaction, args=(addr, stop), daemon=True)
-        watcher.start()
-    try:
-        sections = _call_everywhere(args, "Compact")
-    except KeyboardInterrupt:
-        raise CliError("compact interrupted: the shards go on compacting; `sievekv stats` "
-                       "shows their progress", INTERRUPTED) from None
-    except _DeadlineExceeded as exc:
-        raise CliError(f"compact: gave up waiting after --timeout {args.timeout:g} s; the "
-                       f"shards go on compacting; `sievekv stats` shows their progress",
-                       exc.code) from None
-    finally:
-        stop.set()
-        if watcher is not None:
-            watcher.join(5)  # its last line ends before the results are printed
+    sections = long_admin_call(args, "Compact", compaction_progress, "compacting",
+                               "the shards go on compacting")
     # The router gives up on a shard a little before the client's deadline and reports it as
     # a DEADLINE_EXCEEDED section: that shard is still compacting, it has not failed.
     late = [s.shard for s in sections
@@ -219,6 +200,34 @@ def cmd_compact(args) -> int:
                        f"{args.timeout:g} s; they go on compacting; `sievekv stats` shows "
                        f"their progress", UNREACHABLE)
     return _print_sections(sections, "Compact", "compacted")
+
+
+def long_admin_call(args, method: str, progress_of, label: str, going_on: str) -> list:
+    """Admin.<method> on every shard with no deadline unless ``--timeout``, showing
+    ``label: progress_of(shards' stats)`` on stderr meanwhile (not with ``--quiet``); the
+    per-shard sections. Ctrl-C and a passed --timeout stop the waiting, not the shards, and
+    say so (``going_on``)."""
+    if getattr(args, "timeout", None) is None:
+        args.timeout = COMPACT_DEADLINE
+    stop = threading.Event()
+    watcher = None
+    if not getattr(args, "quiet", False):
+        watcher = threading.Thread(target=watch_progress, daemon=True,
+                                   args=(target.router_address(args), stop, progress_of, label))
+        watcher.start()
+    name = method.lower()
+    try:
+        return _call_everywhere(args, method)
+    except KeyboardInterrupt:
+        raise CliError(f"{name} interrupted: {going_on}; `sievekv stats` shows their progress",
+                       INTERRUPTED) from None
+    except _DeadlineExceeded as exc:
+        raise CliError(f"{name}: gave up waiting after --timeout {args.timeout:g} s; "
+                       f"{going_on}; `sievekv stats` shows their progress", exc.code) from None
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(5)  # its last line ends before the results are printed
 
 
 def compaction_progress(shards: dict) -> str:
@@ -241,18 +250,19 @@ def running_compaction(stats: dict) -> str:
             f"{run['seconds']:.0f} s)")
 
 
-def _watch_compaction(addr: str, stop: threading.Event) -> None:
-    """Show the shards' compaction progress until ``stop``: polled every PROGRESS_TTY_S
-    seconds on a terminal (the line rewritten), every PROGRESS_PLAIN_S otherwise."""
+def watch_progress(addr: str, stop: threading.Event, progress_of, label: str) -> None:
+    """Show ``label: progress_of(each shard's stats)`` on stderr until ``stop``, polled every
+    PROGRESS_TTY_S seconds on a terminal (the line rewritten), every PROGRESS_PLAIN_S
+    otherwise; nothing while it is "". Best effort: the long call itself reports failures."""
     line = StatusLine(tty_every=0, plain_every=0)  # this loop sets the pace
     every = PROGRESS_TTY_S if line.tty else PROGRESS_PLAIN_S
     while not stop.wait(every):
         try:
-            now = compaction_progress(rpc.report_json(addr, "Stats", every).get("shards", {}))
-        except Exception:  # noqa: BLE001 - progress is best effort; the Compact call itself
-            continue  # reports real failures, and a thread must never print a traceback
+            now = progress_of(rpc.report_json(addr, "Stats", every).get("shards", {}))
+        except Exception:  # noqa: BLE001 - a thread must never print a traceback
+            continue
         if now and not stop.is_set():
-            line.show(f"compacting: {now}")
+            line.show(f"{label}: {now}")
     line.end_line()
 
 

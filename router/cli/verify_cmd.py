@@ -11,40 +11,17 @@ first (the shards finish their check; ``sievekv stats`` shows their progress).
 from __future__ import annotations
 
 import json
-import threading
 
 import grpc
 
 from ..humanize import format_bytes, format_count
-from . import rpc, target
-from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, UNREACHABLE, CliError
-from .progress import StatusLine
-from .report_cmds import (COMPACT_DEADLINE, PROGRESS_PLAIN_S, PROGRESS_TTY_S, _call_everywhere,
-                          _code, _DeadlineExceeded)
+from .exit_codes import ERROR, OK, PARTIAL, UNREACHABLE, CliError
+from .report_cmds import _code, long_admin_call
 
 
 def cmd_verify(args) -> int:
-    if getattr(args, "timeout", None) is None:
-        args.timeout = COMPACT_DEADLINE
-    stop = threading.Event()
-    watcher = None
-    if not getattr(args, "quiet", False):
-        watcher = threading.Thread(target=_watch, args=(target.router_address(args), stop),
-                                   daemon=True)
-        watcher.start()
-    try:
-        sections = _call_everywhere(args, "Verify")
-    except KeyboardInterrupt:
-        raise CliError("verify interrupted: the shards finish their check; `sievekv stats` "
-                       "shows their progress", INTERRUPTED) from None
-    except _DeadlineExceeded as exc:
-        raise CliError(f"verify: gave up waiting after --timeout {args.timeout:g} s; the shards "
-                       f"finish their check; `sievekv stats` shows their progress",
-                       exc.code) from None
-    finally:
-        stop.set()
-        if watcher is not None:
-            watcher.join(5)
+    sections = long_admin_call(args, "Verify", progress_line, "verifying",
+                               "the shards finish their check")
     damaged, failed, late = [], [], []
     for s in sections:
         code = _code(s.code)
@@ -98,16 +75,3 @@ def progress_line(shards: dict) -> str:
                          f"{format_bytes(run['bytes'])}, {run['tables_done']} of "
                          f"{run['tables']} tables)")
     return "; ".join(parts)
-
-
-def _watch(addr: str, stop: threading.Event) -> None:
-    line = StatusLine(tty_every=0, plain_every=0)  # this loop sets the pace
-    every = PROGRESS_TTY_S if line.tty else PROGRESS_PLAIN_S
-    while not stop.wait(every):
-        try:
-            now = progress_line(rpc.report_json(addr, "Stats", every).get("shards", {}))
-        except Exception:  # noqa: BLE001 - progress is best effort; a thread must never
-            continue  # print a traceback, and the Verify call reports real failures
-        if now and not stop.is_set():
-            line.show(f"verifying: {now}")
-    line.end_line()
