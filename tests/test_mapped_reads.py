@@ -101,36 +101,50 @@ def test_get_after_close_and_racing_close_raise_closed_error_only(tmp_path, mmap
     for round_ in range(8):
         t = Table.open(FileSystem(), path, mmap_reads=mmap_reads)
         t.get(entries[0][0])
-        errors, wrong = [], []
-        stop = threading.Event()
-
-        def reader(seed):
-            rng = random.Random(seed)
-            while not stop.is_set():
-                k, seq, kind, v = rng.choice(entries)
-                try:
-                    got = t.get(k)
-                except ClosedError:
-                    return
-                except Exception as exc:  # anything else is a bug
-                    errors.append(exc)
-                    return
-                if got != (seq, kind, v):
-                    wrong.append(k)
-
-        threads = [threading.Thread(target=reader, args=(round_ * 10 + i,)) for i in range(3)]
-        for th in threads:
-            th.start()
-        t.close()
-        fds = [os.open(decoy, os.O_RDONLY) for _ in range(8)]
-        stop.set()
-        for th in threads:
-            th.join()
+        fds = []
+        errors, wrong = readers_racing_close(
+            t, entries, round_ * 10,
+            after_close=lambda: fds.extend(os.open(decoy, os.O_RDONLY) for _ in range(8)))
         for fd in fds:
             os.close(fd)
         assert errors == [] and wrong == []
         with pytest.raises(ClosedError):
             t.get(entries[1][0])
+
+
+def readers_racing_close(t, entries, seed, before_close=None, after_close=None):
+    """Three threads get random ``entries`` ((key, seq, kind, value)) of table ``t`` while it
+    is closed under them; ``(errors, wrong)``: exceptions other than ClosedError, and keys
+    read with a wrong answer."""
+    errors, wrong = [], []
+    stop = threading.Event()
+
+    def reader(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            k, seq, kind, v = rng.choice(entries)
+            try:
+                got = t.get(k)
+            except ClosedError:
+                return
+            except Exception as exc:  # anything else is a bug
+                errors.append(exc)
+                return
+            if got != (seq, kind, v):
+                wrong.append(k)
+
+    threads = [threading.Thread(target=reader, args=(seed + i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    if before_close is not None:
+        before_close()
+    t.close()
+    if after_close is not None:
+        after_close()
+    stop.set()
+    for th in threads:
+        th.join()
+    return errors, wrong
 
 
 @pytest.mark.parametrize("mmap_reads", [True, False])

@@ -19,14 +19,13 @@ give the right answer or ClosedError only.
 
 import random
 import struct
-import threading
 
 import google_crc32c
 import pytest
 
 from engine import DB
 from engine.checksum import mask
-from engine.errors import ClosedError, CorruptionError, InvalidArgumentError
+from engine.errors import CorruptionError, InvalidArgumentError
 from engine.format import (BLOCK_HASH_FLAG, BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, KIND_DELETE,
                            KIND_VALUE)
 from engine.options import Options
@@ -34,6 +33,8 @@ from engine.sstable import Table, TableBuilder, TableOptions
 from engine.sstable.block import find_hashed, find_whole
 from engine.sstable.block_builder import BlockBuilder
 from engine.vfs import FileSystem
+
+from .test_mapped_reads import readers_racing_close
 
 
 def _write_table(path, entries, **table_opts):
@@ -266,30 +267,9 @@ def test_gets_racing_close_on_in_place_blocks_are_right_or_closed_error(tmp_path
         t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
         _warm(t, entries)
         assert all(t._in_place)
-        errors, wrong = [], []
-
-        def reader(seed):
-            rng = random.Random(seed)
-            while True:
-                k, seq, kind, v = rng.choice(entries)
-                try:
-                    got = t.get(k)
-                except ClosedError:
-                    return
-                except Exception as exc:  # anything else is a bug
-                    errors.append(exc)
-                    return
-                if got != (seq, kind, v):
-                    wrong.append(k)
-
-        threads = [threading.Thread(target=reader, args=(round_ * 10 + i,)) for i in range(3)]
-        for th in threads:
-            th.start()
-        for _ in range(200 * round_):
-            t.get(entries[0][0])  # let the readers run a while before close
-        t.close()
-        for th in threads:
-            th.join()
+        errors, wrong = readers_racing_close(  # ends with t closed
+            t, entries, round_ * 10,
+            before_close=lambda: [t.get(entries[0][0]) for _ in range(200 * round_)])
         assert errors == [] and wrong == []
 
 
