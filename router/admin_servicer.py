@@ -112,7 +112,9 @@ class RouterAdmin:
                                                 code=code.value[0], error=details))
         response = pb.AdminResponse(shards=sections)
         if failed:
-            code, details = failed[0]
+            # Data loss on any shard is what the caller must hear about, whatever failed first.
+            code, details = next((f for f in failed if f[0] == grpc.StatusCode.DATA_LOSS),
+                                 failed[0])
             summary = f"{method} failed on {len(failed)} of {len(sections)} shard(s): {details}"
             report = trailers.fit(response, response.shards, ("error", "address"))
             if report is None and any(s.json for s in response.shards):

@@ -5,7 +5,8 @@ A Write or Flush/Compact that fails on some shards returns its full per-shard re
 peer accepts: past 8 KiB (the default soft limit) calls are rejected at random, past 16 KiB
 always, and the client then gets RESOURCE_EXHAUSTED and no report at all. A failure message is
 ~200 bytes, so a cluster with 40-odd failing shards would cross it. :func:`fit` keeps a report
-within :data:`BUDGET`: messages are shortened to :data:`MESSAGE_CHARS`, then the text fields
+within :data:`BUDGET`: if it is over, messages are shortened to :data:`MESSAGE_CHARS`, then the
+text fields
 named are cleared from the last entry backwards (the first failure's message always rides in
 the status details too); the per-shard outcome (applied/ok, code) is never dropped. A report
 that still does not fit (thousands of shards) is not sent, and the caller says so.
@@ -23,7 +24,10 @@ MESSAGE_CHARS = 160
 def fit(response, entries, fields: tuple[str, ...]) -> bytes | None:
     """``response`` serialized within :data:`BUDGET` after trimming the ``fields`` (string
     fields of each message in ``entries``, a repeated field of ``response``, in the order
-    given), or None if even without them it is too big. Modifies ``response``."""
+    given), or None if even without them it is too big. A report within the budget is sent
+    whole (a Verify's message names every damaged file). Modifies ``response``."""
+    if response.ByteSize() <= BUDGET:
+        return response.SerializeToString()
     for e in entries:
         for f in fields:
             text = getattr(e, f)

@@ -2,8 +2,8 @@
 ``VerifyChecksum``, Cassandra's ``nodetool verify``).
 
 Gets check only the blocks they read, when they read them; a block nobody reads can rot
-unseen. :func:`verify_table` reads the whole file again through its descriptor (``pread``, in
-chunks of about :data:`CHUNK_BYTES`, never through the table's mappings or the block cache)
+unseen. :func:`verify_table` reads the whole file again (``pread``, in chunks of about
+:data:`CHUNK_BYTES`, never through the table's mappings or the block cache)
 and checks, in file order: the footer and the metadata tail (the checks of
 :meth:`Table.open <engine.sstable.reader.Table.open>`, docs/format.md "Reading"), every data
 block's trailer (type and CRC), and every filter partition's CRC. It raises the first
@@ -25,17 +25,20 @@ CHUNK_BYTES = 1 << 20
 _DATA_TYPE = bytes((BLOCK_TYPE_DATA,))
 
 
-def verify_table(table: Table, progress=None) -> dict:
-    """Check every checksum of ``table`` (module docstring). ``progress(n)`` is called with
-    the bytes checked since its last call. Returns ``{"data_blocks", "filter_partitions",
-    "bytes"}``; raises CorruptionError on damage, StorageIOError if the file cannot be read,
-    ClosedError once the table is closed."""
-    file, path = table._file, table.path
+def verify_table(table: Table, progress=None, file=None) -> dict:
+    """Check every checksum of ``table`` (module docstring), read through ``file`` (default:
+    the table's own descriptor; DB.verify passes the file opened again by its path, so a file
+    deleted or replaced on disk is not read through the old descriptor). ``progress(n)`` is
+    called with the bytes checked since its last call. Returns ``{"data_blocks",
+    "filter_partitions", "bytes"}``; raises CorruptionError on damage, StorageIOError if the
+    file cannot be read, ClosedError once the table is closed."""
+    file = table._file if file is None else file
+    path = table.path
     # A second reader on the same descriptor re-reads and re-checks the footer and the
     # metadata tail; it maps nothing and is dropped without close (the file is the table's).
     fresh = Table(file, path, table.file_number, None, None)
     if progress is not None:
-        progress(table.file_size - fresh.properties.data_bytes - fresh.properties.filter_bytes)
+        progress(file.size - fresh.properties.data_bytes - fresh.properties.filter_bytes)
     offsets, sizes = fresh._offsets, fresh._sizes
     i, n = 0, len(offsets)
     while i < n:  # data blocks, a chunk of whole blocks per read
@@ -70,4 +73,4 @@ def verify_table(table: Table, progress=None) -> dict:
             partitions += 1
         if progress is not None:
             progress(fresh.properties.filter_bytes)
-    return {"data_blocks": n, "filter_partitions": partitions, "bytes": table.file_size}
+    return {"data_blocks": n, "filter_partitions": partitions, "bytes": file.size}

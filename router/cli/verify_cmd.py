@@ -45,23 +45,28 @@ def cmd_verify(args) -> int:
         raise CliError(f"verify: gave up waiting for {', '.join(late)} after --timeout "
                        f"{args.timeout:g} s; they finish their check", UNREACHABLE)
     if failed:
+        others = "; the others are intact" if len(failed) < n else ""
         raise CliError(f"verify: {len(failed)} of {n} shards could not be checked "
-                       f"({', '.join(failed)}); the others are intact", PARTIAL)
+                       f"({', '.join(failed)}){others}", PARTIAL)
     return OK
 
 
 def summary(text: str) -> str:
-    """``12 tables, 3,201 data blocks, 40 filter partitions, 45.2 MiB in 0.8 s``."""
+    """``12 tables, 3,201 data blocks, 1 filter partition, 45.2 MiB in 0.8 s``."""
     try:
         r = json.loads(text) if text else {}
     except ValueError:
         r = {}
     if not r:
         return "checked"
-    return (f"{format_count(r.get('tables', 0))} tables, "
-            f"{format_count(r.get('data_blocks', 0))} data blocks, "
-            f"{format_count(r.get('filter_partitions', 0))} filter partitions, "
+    return (f"{_count(r.get('tables', 0), 'table')}, "
+            f"{_count(r.get('data_blocks', 0), 'data block')}, "
+            f"{_count(r.get('filter_partitions', 0), 'filter partition')}, "
             f"{format_bytes(r.get('bytes', 0))} in {r.get('seconds', 0):.1f} s")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{format_count(n)} {what}{'' if n == 1 else 's'}"
 
 
 def progress_line(shards: dict) -> str:
