@@ -13,6 +13,8 @@ nothing and leaves the table's own state (mappings, counters) alone.
 
 from __future__ import annotations
 
+import struct
+
 from ..checksum import crc32c, mask
 from ..errors import CorruptionError
 from ..format import BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA
@@ -22,7 +24,7 @@ from .reader import Table
 CHUNK_BYTES = 1 << 20
 """About this many bytes per read (whole blocks or partitions; one larger block is read alone)."""
 
-_DATA_TYPE = bytes((BLOCK_TYPE_DATA,))
+_u32_at = struct.Struct("<I").unpack_from
 
 
 def verify_table(table: Table, progress=None, file=None) -> dict:
@@ -48,13 +50,17 @@ def verify_table(table: Table, progress=None, file=None) -> dict:
             j += 1
         end = offsets[j - 1] + sizes[j - 1] + BLOCK_TRAILER_SIZE
         chunk = file.read_at(start, end - start)
+        if len(chunk) != end - start:
+            raise CorruptionError("data blocks run past the end of the file", path=path,
+                                  offset=start + len(chunk))
         for k in range(i, j):
             lo = offsets[k] - start
             size = sizes[k]
-            raw = chunk[lo : lo + size + BLOCK_TRAILER_SIZE]
-            if (len(raw) != size + BLOCK_TRAILER_SIZE or raw[size] != BLOCK_TYPE_DATA
-                    or mask(crc32c(_DATA_TYPE, crc32c(raw[:size])))
-                    != int.from_bytes(raw[size + 1:], "little")):
+            # The stored CRC covers contents + type byte, which lie side by side: one slice and
+            # one CRC per block (docs/format.md "SSTable": trailer).
+            if (chunk[lo + size] != BLOCK_TYPE_DATA
+                    or mask(crc32c(chunk[lo : lo + size + 1])) != _u32_at(chunk, lo + size + 1)[0]):
+                raw = chunk[lo : lo + size + BLOCK_TRAILER_SIZE]
                 unseal(raw, BlockHandle(offsets[k], size), BLOCK_TYPE_DATA, path)  # raises
                 raise CorruptionError("data block: bad trailer", path=path, offset=offsets[k])
         if progress is not None:
