@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from engine import DB
-from engine.errors import ClosedError
+from engine.errors import ClosedError, CorruptionError
 from engine.sstable import Table
 from engine.vfs import FileSystem
 from router.cli.verify_cmd import progress_line, summary
@@ -23,8 +23,8 @@ from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pyte
 from .test_cli_e2e import sievekv, two_shard_cluster
 
 
-def _db(path, n=20000, seed=1):
-    db = DB.open(path, memtable_bytes=256 << 10, table_workers=0)
+def _db(path, n=20000, seed=1, **opts):
+    db = DB.open(path, memtable_bytes=256 << 10, table_workers=0, **opts)
     rng = random.Random(seed)
     model = {}
     for _ in range(n):
@@ -49,7 +49,9 @@ def _tables(db):
 
 
 def test_an_intact_db_verifies_every_block_and_partition(tmp_path):
-    db, _ = _db(str(tmp_path / "db"))
+    # No compactions: the flushes leave ~8 L0 tables whatever the machine's timing (with them
+    # a CI run ended at 3 tables, and the count below is what this test is about).
+    db, _ = _db(str(tmp_path / "db"), disable_auto_compactions=True)
     try:
         tables = _tables(db)
         assert len(tables) > 3
@@ -93,9 +95,16 @@ def test_damage_anywhere_in_a_table_is_listed_and_the_scan_goes_on(tmp_path, whe
         assert r["tables"] == len(tables)  # every other table was still checked
         assert r["data_blocks"] == sum(t.properties.num_data_blocks for t in tables
                                        if t is not victim)
-        # The live table is untouched by the check: keys elsewhere still read.
-        other = next(k for k in model if not victim.smallest <= k <= victim.largest)
-        assert db.get(other) == model[other]
+        # The check changed nothing: gets answer right or name the damage, never wrongly.
+        answered = 0
+        for k in list(model)[:400]:
+            try:
+                got = db.get(k)
+            except CorruptionError:
+                continue
+            assert got == model[k]
+            answered += 1
+        assert answered > 0
     finally:
         db.close()
 
