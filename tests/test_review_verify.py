@@ -50,20 +50,11 @@ from .conftest import (REPO, start_router_process, start_shard_process, wait_unt
                        write_cluster_map)
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import sievekv
+from .test_verify import _flip, _tables
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
-def _tables(db):
-    return [t for _, ts in db._rs.tables_by_level() for t in ts]
 
 
 def _fill(db, n: int, prefix: bytes = b"k", value: int = 60) -> None:
