@@ -66,6 +66,7 @@ from .recovery import recover
 from .table_set import TableSet
 from .table_writer import Cancelled
 from .table_workers import shared_pool
+from .checkpoint import checkpoint_db
 from .verify import verify_db
 from .vfs import FileSystem, default_fs
 from .wal import LogWriter, encode_batch
@@ -629,6 +630,15 @@ class DB(Background):
         what is covered, the report's fields). Damage is listed in the report, not raised;
         reads and writes go on meanwhile. ``stats()["verify_running"]`` shows progress."""
         return verify_db(self)
+
+    def checkpoint(self, dest, create_parents: bool = False) -> dict:
+        """Write a consistent copy of the DB to the new directory ``dest``, openable with
+        ``DB.open`` (engine/checkpoint.py: steps, costs, what it does not protect against).
+        Flushes first; reads and writes go on meanwhile. Tables are hard-linked where the file
+        system allows, else copied. Returns what it wrote (tables, bytes, linked, copied,
+        last_sequence, seconds). ``create_parents``: create missing parent directories
+        instead of refusing."""
+        return checkpoint_db(self, dest, create_parents)
 
     # ------------------------------------------------------------------------------------
     # reports and helpers

@@ -279,6 +279,18 @@ class FaultInjectionFS(FileSystem):
                 self._forget_durable_file(dst)
             super().rename(src, dst)
 
+    def link(self, src: str, dst: str) -> None:
+        with self._mu:
+            self._op("link")
+            self._track_dir(os.path.dirname(os.path.abspath(dst)))
+            super().link(src, dst)
+
+    def rmdir(self, path: str) -> None:
+        with self._mu:
+            self._op("rmdir")
+            self._track_dir(os.path.dirname(os.path.abspath(path)))
+            super().rmdir(path)
+
     def lock(self, path: str):
         """As FileSystem.lock; :meth:`crash` releases every lock taken here, as the kernel
         does when a process dies."""

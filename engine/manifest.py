@@ -90,6 +90,26 @@ class Manifest:
         return m
 
     @classmethod
+    def write_snapshot(cls, fs, dirname: str, version: Version, *, log_number: int,
+                       next_file_number: int, last_sequence: int,
+                       compact_pointers: dict[int, bytes]) -> str:
+        """Describe ``version`` in a new manifest in ``dirname`` (which holds no DB yet) and
+        point ``CURRENT`` at it, both synced: what a checkpoint (engine/checkpoint.py) writes
+        beside the tables it links. The manifest is numbered ``next_file_number``. Returns its
+        path. The caller syncs ``dirname``'s own entry in its parent."""
+        if fs.exists(filenames.current_file_name(dirname)):
+            raise InvalidArgumentError(f"{dirname} already holds a DB (CURRENT exists)")
+        m = cls(fs, dirname, max_manifest_bytes=DEFAULT_MAX_MANIFEST_BYTES, read_only=False)
+        m.current = version
+        m.log_number = log_number
+        m.next_file_number = next_file_number
+        m.last_sequence = last_sequence
+        m.compact_pointers = dict(compact_pointers)
+        m._switch_to_new_manifest(version, m.compact_pointers)
+        m.close()
+        return m.manifest_path
+
+    @classmethod
     def recover(
         cls,
         fs,

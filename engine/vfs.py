@@ -271,6 +271,23 @@ class FileSystem:
         except OSError as exc:
             raise _io_error(exc, "rename", src) from exc
 
+    def link(self, src: str, dst: str) -> None:
+        """Make ``dst`` a hard link to ``src`` (same file system; ``dst`` must not exist).
+        Durable only after :meth:`sync_dir` of ``dst``'s directory."""
+        try:
+            os.link(src, dst)
+        except OSError as exc:
+            raise _io_error(exc, "link", src) from exc
+
+    def rmdir(self, path: str) -> None:
+        """Remove the empty directory ``path`` (missing: no error)."""
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _io_error(exc, "rmdir", path) from exc
+
     def sync_dir(self, path: str) -> None:
         """fsync a directory so that creations, renames and removals in it are durable."""
         try:

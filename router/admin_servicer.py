@@ -4,7 +4,8 @@
   shard that failed or could not be reached), totals over the answering shards (amounts
   summed, ratios recomputed from the sums: ``shard.metrics.sum_totals``), and
   the JSON ``{"shards": {name: report}, "totals": {...}, "errors": {name: message}}``.
-- Flush/Compact/Verify return one section per shard (Verify's with the shard's report as JSON);
+- Flush/Compact/Verify/Checkpoint return one section per shard (Verify's and Checkpoint's with
+  the shard's report as JSON);
   when any shard failed, the call fails with the
   first failure's code and the AdminResponse rides in trailing metadata
   ``sievekv-admin-result-bin``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -56,10 +58,11 @@ class RouterAdmin:
         self.admin_timeout = admin_timeout
 
     def _fan_out(self, method: str, request, timeout: float):
-        """[(shard, response or None, (code, details) or None)] in cluster-map order. A hung
+        """[(shard, response or None, (code, details) or None)] in cluster-map order;
+        ``request`` is the message, or a function of the shard giving each its own. A hung
         shard (router/shards.py) is not asked: its entry is UNAVAILABLE at once."""
-        calls = [(s, None if s.reads.hung() else
-                  getattr(s.admin, method).future(request, timeout=timeout)) for s in self.shards]
+        calls = [(s, None if s.reads.hung() else getattr(s.admin, method).future(
+            request(s) if callable(request) else request, timeout=timeout)) for s in self.shards]
         out = []
         for shard, future in calls:
             if future is None:
@@ -134,6 +137,21 @@ class RouterAdmin:
 
     def Verify(self, request, context):
         return self._everywhere("Verify", request, context)
+
+    def Checkpoint(self, request, context):
+        """Each shard checkpoints to ``request.dir``/<shard name> on its own host."""
+        base = request.dir
+        if not base or not os.path.isabs(base) or "\x00" in base:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              "checkpoint directory must be an absolute path (each shard "
+                              f"writes <dir>/<shard name> on its own host), got {base!r}")
+        for shard in self.shards:
+            if shard.name in (".", "..") or os.path.basename(shard.name) != shard.name:
+                raise StatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"shard name {shard.name!r} cannot name a checkpoint "
+                                  "directory; give it a name without '/' in the cluster map")
+        return self._everywhere("Checkpoint", lambda shard: pb.CheckpointRequest(
+            dir=os.path.join(base, shard.name)), context)
 
     def ClusterInfo(self, request, context):
         timeout = min(HEALTH_TIMEOUT, shard_timeout(context, HEALTH_TIMEOUT))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
 import time
 from typing import Iterable, Iterator
@@ -366,6 +367,20 @@ class Client:
         :class:`~router.client_errors.PartialAdminError` with code DATA_LOSS, naming the files,
         and every shard's result in ``sections``."""
         r = self._call(self._admin.Verify, pb.VerifyRequest(), timeout, retry=False)
+        return [_section(s) for s in r.shards]
+
+    def checkpoint(self, dir: str, *, timeout: float | None = 600.0) -> list[errors.ShardResult]:
+        """Each shard writes a consistent copy of its data to ``dir``/<shard name> on its own
+        host (Admin.Checkpoint; ``dir`` absolute, made absolute here if relative; the shard's
+        directory must not exist yet). Each result's ``report`` holds ``path``, ``tables``,
+        ``bytes``, ``linked``, ``copied``, ``last_sequence`` and ``seconds``. Any shard failing
+        raises :class:`~router.client_errors.PartialAdminError` with every shard's result in
+        ``sections``. Against one shard's address, ``dir`` is that shard's directory itself."""
+        if not isinstance(dir, (str, os.PathLike)) or isinstance(dir, bytes):
+            raise TypeError(f"dir must be a path, got {dir!r:.60}")
+        r = self._call(self._admin.Checkpoint,
+                       pb.CheckpointRequest(dir=os.path.abspath(os.fspath(dir))), timeout,
+                       retry=False)
         return [_section(s) for s in r.shards]
 
     def cluster_info(self, *, timeout: float | None = None) -> dict:

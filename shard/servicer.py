@@ -8,6 +8,7 @@ Thread-safe as far as the backend is (engine.DB is).
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import grpc
@@ -187,6 +188,27 @@ class AdminServicer:
                     break
                 text += item
             raise StatusError(grpc.StatusCode.DATA_LOSS, text)
+        return pb.AdminResponse(shards=[pb.ShardSection(
+            shard=self.name, address=self.address, ok=True,
+            json=json.dumps(report, sort_keys=True))])
+
+    def Checkpoint(self, request, context):
+        """DB.checkpoint to ``request.dir`` on this host: absolute, not existing yet
+        (ALREADY_EXISTS otherwise); missing parents are created. A backend without
+        checkpoints answers UNIMPLEMENTED."""
+        checkpoint = getattr(self.db, "checkpoint", None)
+        if checkpoint is None:
+            raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                              f"shard {self.name}: its storage backend cannot checkpoint")
+        path = request.dir
+        if not path or not os.path.isabs(path) or "\x00" in path:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              "checkpoint directory must be an absolute "
+                              f"path on the shard's host, got {path!r}")
+        if os.path.lexists(path):
+            raise StatusError(grpc.StatusCode.ALREADY_EXISTS,
+                              f"checkpoint directory {path} already exists")
+        report = checkpoint(path, create_parents=True)  # via the router: <dir>/<shard name>
         return pb.AdminResponse(shards=[pb.ShardSection(
             shard=self.name, address=self.address, ok=True,
             json=json.dumps(report, sort_keys=True))])

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rsievekv.proto\x12\nsievekv.v1\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"D\n\nPutRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\x04sync\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"\r\n\x0bPutResponse\"8\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x11\n\x04sync\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"\x10\n\x0e\x44\x65leteResponse\"\x1f\n\x0fMultiGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"1\n\x10MultiGetResponse\x12\r\n\x05\x66ound\x18\x01 \x03(\x08\x12\x0e\n\x06values\x18\x02 \x03(\x0c\"9\n\x08Mutation\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\tis_delete\x18\x03 \x01(\x08\"S\n\x0cWriteRequest\x12\'\n\tmutations\x18\x01 \x03(\x0b\x32\x14.sievekv.v1.Mutation\x12\x11\n\x04sync\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"d\n\x10ShardWriteResult\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tmutations\x18\x03 \x01(\r\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\x0f\n\x07message\x18\x05 \x01(\t\"=\n\rWriteResponse\x12,\n\x06shards\x18\x01 \x03(\x0b\x32\x1c.sievekv.v1.ShardWriteResult\"8\n\x0bScanRequest\x12\r\n\x05start\x18\x01 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x0c\x12\r\n\x05limit\x18\x03 \x01(\x04\",\n\x0cScanResponse\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x0e\n\x06values\x18\x02 \x03(\x0c\"\x0e\n\x0cStatsRequest\"\x15\n\x13\x46ilterReportRequest\"\x0e\n\x0c\x46lushRequest\"\x10\n\x0e\x43ompactRequest\"\x0f\n\rVerifyRequest\"\x14\n\x12\x43lusterInfoRequest\"e\n\x0cShardSection\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t\"\xad\x01\n\rStatsResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\x12\x35\n\x06totals\x18\x02 \x03(\x0b\x32%.sievekv.v1.StatsResponse.TotalsEntry\x12\x0c\n\x04json\x18\x03 \x01(\t\x1a-\n\x0bTotalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xbb\x01\n\x14\x46ilterReportResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\x12<\n\x06totals\x18\x02 \x03(\x0b\x32,.sievekv.v1.FilterReportResponse.TotalsEntry\x12\x0c\n\x04json\x18\x03 \x01(\t\x1a-\n\x0bTotalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\rAdminResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\"\'\n\tSlotRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"`\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x05slots\x18\x03 \x03(\x0b\x32\x15.sievekv.v1.SlotRange\x12\x0e\n\x06health\x18\x04 \x01(\t\"u\n\x13\x43lusterInfoResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nslot_count\x18\x02 \x01(\r\x12\x15\n\rslot_function\x18\x03 \x01(\t\x12%\n\x06shards\x18\x04 \x03(\x0b\x32\x15.sievekv.v1.ShardInfo2\xf7\x02\n\x02KV\x12\x36\n\x03Get\x12\x16.sievekv.v1.GetRequest\x1a\x17.sievekv.v1.GetResponse\x12\x36\n\x03Put\x12\x16.sievekv.v1.PutRequest\x1a\x17.sievekv.v1.PutResponse\x12?\n\x06\x44\x65lete\x12\x19.sievekv.v1.DeleteRequest\x1a\x1a.sievekv.v1.DeleteResponse\x12\x45\n\x08MultiGet\x12\x1b.sievekv.v1.MultiGetRequest\x1a\x1c.sievekv.v1.MultiGetResponse\x12<\n\x05Write\x12\x18.sievekv.v1.WriteRequest\x1a\x19.sievekv.v1.WriteResponse\x12;\n\x04Scan\x12\x17.sievekv.v1.ScanRequest\x1a\x18.sievekv.v1.ScanResponse0\x01\x32\xa8\x03\n\x05\x41\x64min\x12<\n\x05Stats\x12\x18.sievekv.v1.StatsRequest\x1a\x19.sievekv.v1.StatsResponse\x12Q\n\x0c\x46ilterReport\x12\x1f.sievekv.v1.FilterReportRequest\x1a .sievekv.v1.FilterReportResponse\x12<\n\x05\x46lush\x12\x18.sievekv.v1.FlushRequest\x1a\x19.sievekv.v1.AdminResponse\x12@\n\x07\x43ompact\x12\x1a.sievekv.v1.CompactRequest\x1a\x19.sievekv.v1.AdminResponse\x12>\n\x06Verify\x12\x19.sievekv.v1.VerifyRequest\x1a\x19.sievekv.v1.AdminResponse\x12N\n\x0b\x43lusterInfo\x12\x1e.sievekv.v1.ClusterInfoRequest\x1a\x1f.sievekv.v1.ClusterInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rsievekv.proto\x12\nsievekv.v1\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"+\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\"D\n\nPutRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\x04sync\x18\x03 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"\r\n\x0bPutResponse\"8\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x11\n\x04sync\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"\x10\n\x0e\x44\x65leteResponse\"\x1f\n\x0fMultiGetRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"1\n\x10MultiGetResponse\x12\r\n\x05\x66ound\x18\x01 \x03(\x08\x12\x0e\n\x06values\x18\x02 \x03(\x0c\"9\n\x08Mutation\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x11\n\tis_delete\x18\x03 \x01(\x08\"S\n\x0cWriteRequest\x12\'\n\tmutations\x18\x01 \x03(\x0b\x32\x14.sievekv.v1.Mutation\x12\x11\n\x04sync\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_sync\"d\n\x10ShardWriteResult\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tmutations\x18\x03 \x01(\r\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\x0f\n\x07message\x18\x05 \x01(\t\"=\n\rWriteResponse\x12,\n\x06shards\x18\x01 \x03(\x0b\x32\x1c.sievekv.v1.ShardWriteResult\"8\n\x0bScanRequest\x12\r\n\x05start\x18\x01 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x0c\x12\r\n\x05limit\x18\x03 \x01(\x04\",\n\x0cScanResponse\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x0e\n\x06values\x18\x02 \x03(\x0c\"\x0e\n\x0cStatsRequest\"\x15\n\x13\x46ilterReportRequest\"\x0e\n\x0c\x46lushRequest\"\x10\n\x0e\x43ompactRequest\"\x0f\n\rVerifyRequest\" \n\x11\x43heckpointRequest\x12\x0b\n\x03\x64ir\x18\x01 \x01(\t\"\x14\n\x12\x43lusterInfoRequest\"e\n\x0cShardSection\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0c\n\x04json\x18\x06 \x01(\t\"\xad\x01\n\rStatsResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\x12\x35\n\x06totals\x18\x02 \x03(\x0b\x32%.sievekv.v1.StatsResponse.TotalsEntry\x12\x0c\n\x04json\x18\x03 \x01(\t\x1a-\n\x0bTotalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xbb\x01\n\x14\x46ilterReportResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\x12<\n\x06totals\x18\x02 \x03(\x0b\x32,.sievekv.v1.FilterReportResponse.TotalsEntry\x12\x0c\n\x04json\x18\x03 \x01(\t\x1a-\n\x0bTotalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"9\n\rAdminResponse\x12(\n\x06shards\x18\x01 \x03(\x0b\x32\x18.sievekv.v1.ShardSection\"\'\n\tSlotRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"`\n\tShardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x05slots\x18\x03 \x03(\x0b\x32\x15.sievekv.v1.SlotRange\x12\x0e\n\x06health\x18\x04 \x01(\t\"u\n\x13\x43lusterInfoResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nslot_count\x18\x02 \x01(\r\x12\x15\n\rslot_function\x18\x03 \x01(\t\x12%\n\x06shards\x18\x04 \x03(\x0b\x32\x15.sievekv.v1.ShardInfo2\xf7\x02\n\x02KV\x12\x36\n\x03Get\x12\x16.sievekv.v1.GetRequest\x1a\x17.sievekv.v1.GetResponse\x12\x36\n\x03Put\x12\x16.sievekv.v1.PutRequest\x1a\x17.sievekv.v1.PutResponse\x12?\n\x06\x44\x65lete\x12\x19.sievekv.v1.DeleteRequest\x1a\x1a.sievekv.v1.DeleteResponse\x12\x45\n\x08MultiGet\x12\x1b.sievekv.v1.MultiGetRequest\x1a\x1c.sievekv.v1.MultiGetResponse\x12<\n\x05Write\x12\x18.sievekv.v1.WriteRequest\x1a\x19.sievekv.v1.WriteResponse\x12;\n\x04Scan\x12\x17.sievekv.v1.ScanRequest\x1a\x18.sievekv.v1.ScanResponse0\x01\x32\xf0\x03\n\x05\x41\x64min\x12<\n\x05Stats\x12\x18.sievekv.v1.StatsRequest\x1a\x19.sievekv.v1.StatsResponse\x12Q\n\x0c\x46ilterReport\x12\x1f.sievekv.v1.FilterReportRequest\x1a .sievekv.v1.FilterReportResponse\x12<\n\x05\x46lush\x12\x18.sievekv.v1.FlushRequest\x1a\x19.sievekv.v1.AdminResponse\x12@\n\x07\x43ompact\x12\x1a.sievekv.v1.CompactRequest\x1a\x19.sievekv.v1.AdminResponse\x12>\n\x06Verify\x12\x19.sievekv.v1.VerifyRequest\x1a\x19.sievekv.v1.AdminResponse\x12\x46\n\nCheckpoint\x12\x1d.sievekv.v1.CheckpointRequest\x1a\x19.sievekv.v1.AdminResponse\x12N\n\x0b\x43lusterInfo\x12\x1e.sievekv.v1.ClusterInfoRequest\x1a\x1f.sievekv.v1.ClusterInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -73,28 +73,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPACTREQUEST']._serialized_end=830
   _globals['_VERIFYREQUEST']._serialized_start=832
   _globals['_VERIFYREQUEST']._serialized_end=847
-  _globals['_CLUSTERINFOREQUEST']._serialized_start=849
-  _globals['_CLUSTERINFOREQUEST']._serialized_end=869
-  _globals['_SHARDSECTION']._serialized_start=871
-  _globals['_SHARDSECTION']._serialized_end=972
-  _globals['_STATSRESPONSE']._serialized_start=975
-  _globals['_STATSRESPONSE']._serialized_end=1148
-  _globals['_STATSRESPONSE_TOTALSENTRY']._serialized_start=1103
-  _globals['_STATSRESPONSE_TOTALSENTRY']._serialized_end=1148
-  _globals['_FILTERREPORTRESPONSE']._serialized_start=1151
-  _globals['_FILTERREPORTRESPONSE']._serialized_end=1338
-  _globals['_FILTERREPORTRESPONSE_TOTALSENTRY']._serialized_start=1103
-  _globals['_FILTERREPORTRESPONSE_TOTALSENTRY']._serialized_end=1148
-  _globals['_ADMINRESPONSE']._serialized_start=1340
-  _globals['_ADMINRESPONSE']._serialized_end=1397
-  _globals['_SLOTRANGE']._serialized_start=1399
-  _globals['_SLOTRANGE']._serialized_end=1438
-  _globals['_SHARDINFO']._serialized_start=1440
-  _globals['_SHARDINFO']._serialized_end=1536
-  _globals['_CLUSTERINFORESPONSE']._serialized_start=1538
-  _globals['_CLUSTERINFORESPONSE']._serialized_end=1655
-  _globals['_KV']._serialized_start=1658
-  _globals['_KV']._serialized_end=2033
-  _globals['_ADMIN']._serialized_start=2036
-  _globals['_ADMIN']._serialized_end=2460
+  _globals['_CHECKPOINTREQUEST']._serialized_start=849
+  _globals['_CHECKPOINTREQUEST']._serialized_end=881
+  _globals['_CLUSTERINFOREQUEST']._serialized_start=883
+  _globals['_CLUSTERINFOREQUEST']._serialized_end=903
+  _globals['_SHARDSECTION']._serialized_start=905
+  _globals['_SHARDSECTION']._serialized_end=1006
+  _globals['_STATSRESPONSE']._serialized_start=1009
+  _globals['_STATSRESPONSE']._serialized_end=1182
+  _globals['_STATSRESPONSE_TOTALSENTRY']._serialized_start=1137
+  _globals['_STATSRESPONSE_TOTALSENTRY']._serialized_end=1182
+  _globals['_FILTERREPORTRESPONSE']._serialized_start=1185
+  _globals['_FILTERREPORTRESPONSE']._serialized_end=1372
+  _globals['_FILTERREPORTRESPONSE_TOTALSENTRY']._serialized_start=1137
+  _globals['_FILTERREPORTRESPONSE_TOTALSENTRY']._serialized_end=1182
+  _globals['_ADMINRESPONSE']._serialized_start=1374
+  _globals['_ADMINRESPONSE']._serialized_end=1431
+  _globals['_SLOTRANGE']._serialized_start=1433
+  _globals['_SLOTRANGE']._serialized_end=1472
+  _globals['_SHARDINFO']._serialized_start=1474
+  _globals['_SHARDINFO']._serialized_end=1570
+  _globals['_CLUSTERINFORESPONSE']._serialized_start=1572
+  _globals['_CLUSTERINFORESPONSE']._serialized_end=1689
+  _globals['_KV']._serialized_start=1692
+  _globals['_KV']._serialized_end=2067
+  _globals['_ADMIN']._serialized_start=2070
+  _globals['_ADMIN']._serialized_end=2566
 # @@protoc_insertion_point(module_scope)

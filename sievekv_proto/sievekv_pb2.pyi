@@ -136,6 +136,12 @@ class VerifyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class CheckpointRequest(_message.Message):
+    __slots__ = ("dir",)
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    def __init__(self, dir: _Optional[str] = ...) -> None: ...
+
 class ClusterInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

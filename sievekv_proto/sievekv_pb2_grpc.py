@@ -371,6 +371,11 @@ class AdminStub:
                 request_serializer=sievekv__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=sievekv__pb2.AdminResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/sievekv.v1.Admin/Checkpoint',
+                request_serializer=sievekv__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=sievekv__pb2.AdminResponse.FromString,
+                _registered_method=True)
         self.ClusterInfo = channel.unary_unary(
                 '/sievekv.v1.Admin/ClusterInfo',
                 request_serializer=sievekv__pb2.ClusterInfoRequest.SerializeToString,
@@ -420,6 +425,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """Write a consistent copy of each shard's DB (flushed first; tables hard-linked where the
+        file system allows, else copied) to a directory that must not exist yet, on the shard's
+        own host: `dir` itself when sent to a shard, `dir`/<shard name> when sent to the router.
+        `dir` must be absolute. Each copy opens as a shard data directory as it is; the call
+        fails as Compact does when any shard fails (ALREADY_EXISTS: the directory exists).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClusterInfo(self, request, context):
         """The cluster map and each shard's health. A shard answers with itself only.
         """
@@ -453,6 +469,11 @@ def add_AdminServicer_to_server(servicer, server):
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
                     request_deserializer=sievekv__pb2.VerifyRequest.FromString,
+                    response_serializer=sievekv__pb2.AdminResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=sievekv__pb2.CheckpointRequest.FromString,
                     response_serializer=sievekv__pb2.AdminResponse.SerializeToString,
             ),
             'ClusterInfo': grpc.unary_unary_rpc_method_handler(
@@ -598,6 +619,33 @@ class Admin:
             target,
             '/sievekv.v1.Admin/Verify',
             sievekv__pb2.VerifyRequest.SerializeToString,
+            sievekv__pb2.AdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sievekv.v1.Admin/Checkpoint',
+            sievekv__pb2.CheckpointRequest.SerializeToString,
             sievekv__pb2.AdminResponse.FromString,
             options,
             channel_credentials,

@@ -38,7 +38,7 @@ def test_contract_shape():
     assert pb.DESCRIPTOR.package == "sievekv.v1"
     assert [m.name for m in services["KV"].methods] == ["Get", "Put", "Delete", "MultiGet", "Write", "Scan"]
     assert [m.name for m in services["Admin"].methods] == ["Stats", "FilterReport", "Flush", "Compact",
-                                                          "Verify", "ClusterInfo"]
+                                                          "Verify", "Checkpoint", "ClusterInfo"]
     assert services["KV"].methods_by_name["Scan"].server_streaming
     assert not any(m.server_streaming for m in services["Admin"].methods)
     assert pb.GetRequest.DESCRIPTOR.fields_by_name["key"].type == pb.GetRequest.DESCRIPTOR.fields_by_name["key"].TYPE_BYTES

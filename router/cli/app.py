@@ -93,7 +93,8 @@ def _encoding(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench_cmd, data_cmds, lifecycle, report_cmds, status, verify_cmd
+    from . import (bench_cmd, checkpoint_cmd, data_cmds, lifecycle, report_cmds, status,
+                   verify_cmd)
 
     root = _Parser(prog="sievekv", description=DESCRIPTION, epilog=exit_codes.epilog(),
                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
                 timeout_help="give up waiting after this many seconds (default: no deadline; "
                              "the shards finish their check)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(sub, "checkpoint", checkpoint_cmd.cmd_checkpoint,
+                "write a consistent copy of every shard's data to DIR/<shard name> on the "
+                "shard's host (flushed; tables hard-linked where the file system allows, else "
+                "copied); each opens as that shard's data directory", router=True,
+                timeout_help="give up waiting after this many seconds (default: no deadline; "
+                             "the shards finish their checkpoints)")
+    p.add_argument("dir", metavar="DIR", help="a directory that does not exist yet on the "
+                   "shards' hosts (made absolute here)")
 
     # -- config --------------------------------------------------------------------------
     cf = sub.add_parser("config", help="print or check a cluster config",

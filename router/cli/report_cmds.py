@@ -123,12 +123,12 @@ def _everywhere(args, method: str, done: str) -> int:
     return _print_sections(_call_everywhere(args, method), method, done)
 
 
-def _call_everywhere(args, method: str) -> list:
-    """Admin.<method> through the router: the per-shard sections (also of a call that failed
-    on some shards)."""
+def _call_everywhere(args, method: str, request=None) -> list:
+    """Admin.<method> (with ``request``, else an empty one) through the router: the per-shard
+    sections (also of a call that failed on some shards)."""
     addr = target.router_address(args)
     try:
-        resp, _ = rpc.admin_call(addr, method, timeout(args))
+        resp, _ = rpc.admin_call(addr, method, timeout(args), request)
         return list(resp.shards)
     except grpc.RpcError as exc:
         sections = _sections_from_trailer(exc)
@@ -202,22 +202,24 @@ def cmd_compact(args) -> int:
     return _print_sections(sections, "Compact", "compacted")
 
 
-def long_admin_call(args, method: str, progress_of, label: str, going_on: str) -> list:
+def long_admin_call(args, method: str, progress_of, label: str, going_on: str,
+                    request=None) -> list:
     """Admin.<method> on every shard with no deadline unless ``--timeout``, showing
-    ``label: progress_of(shards' stats)`` on stderr meanwhile (not with ``--quiet``); the
+    ``label: progress_of(shards' stats)`` on stderr meanwhile (not with ``--quiet``, nor when
+    ``progress_of`` is None); the
     per-shard sections. Ctrl-C and a passed --timeout stop the waiting, not the shards, and
     say so (``going_on``)."""
     if getattr(args, "timeout", None) is None:
         args.timeout = COMPACT_DEADLINE
     stop = threading.Event()
     watcher = None
-    if not getattr(args, "quiet", False):
+    if progress_of is not None and not getattr(args, "quiet", False):
         watcher = threading.Thread(target=watch_progress, daemon=True,
                                    args=(target.router_address(args), stop, progress_of, label))
         watcher.start()
     name = method.lower()
     try:
-        return _call_everywhere(args, method)
+        return _call_everywhere(args, method, request)
     except KeyboardInterrupt:
         raise CliError(f"{name} interrupted: {going_on}; `sievekv stats` shows their progress",
                        INTERRUPTED) from None

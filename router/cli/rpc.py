@@ -24,17 +24,20 @@ _REQUESTS = {
     "Flush": pb.FlushRequest,
     "Compact": pb.CompactRequest,
     "Verify": pb.VerifyRequest,
+    "Checkpoint": pb.CheckpointRequest,
     "ClusterInfo": pb.ClusterInfoRequest,
 }
 
 
-def admin_call(address: str, method: str, timeout: float):
-    """Call Admin.<method> on ``address``; returns (response, trailing_metadata)."""
+def admin_call(address: str, method: str, timeout: float, request=None):
+    """Call Admin.<method> on ``address`` (with ``request``, else an empty one); returns
+    (response, trailing_metadata)."""
     channel = grpc.insecure_channel(address, options=_OPTIONS)
     try:
         stub = pb_grpc.AdminStub(channel)
         rpc = getattr(stub, method)
-        resp, call = rpc.with_call(_REQUESTS[method](), timeout=timeout)
+        resp, call = rpc.with_call(request if request is not None else _REQUESTS[method](),
+                                  timeout=timeout)
         return resp, call.trailing_metadata()
     finally:
         channel.close()

@@ -1,0 +1,179 @@
+"""``DB.checkpoint``: a consistent copy of a live DB that ``engine.DB.open`` opens as it is
+(RocksDB's Checkpoint, Cassandra's ``nodetool snapshot``), made while the DB serves.
+
+Steps:
+
+1. ``flush()``: every write acknowledged before the call is in a table. Writes made while the
+   checkpoint runs may or may not be in it.
+2. Stage everything in ``<dest>.checkpoint-tmp`` (``STAGING_SUFFIX``), created next to ``dest``.
+3. Under the DB's version lock (no flush or compaction installs a version meanwhile, so no file
+   of the current one is removed): capture the version and the manifest's log number, next
+   file number, last sequence and compact pointers, and hard-link every live table into the
+   staging directory. Where the file system refuses a link (``dest`` on another file system:
+   EXDEV; one without hard links: EPERM, ENOTSUP, ...), the table is opened instead: an open
+   descriptor keeps its bytes even if a compaction removes the file once the lock is released.
+4. Outside the lock: copy the opened tables (1 MiB reads, then fsync), write a manifest that
+   describes the captured version and ``CURRENT`` (``Manifest.write_snapshot``), fsync the
+   staging directory, rename it to ``dest``, fsync ``dest``'s parent.
+
+A failure or a crash leaves no partial ``dest``: only the staging directory, which a failed
+call removes and the next checkpoint to the same ``dest`` clears (if it holds nothing but
+files a checkpoint writes; anything else there is refused, never deleted).
+
+No log is copied: a checkpoint holds the flushed state and replays nothing when opened; open
+it with any options. Linked tables share the source's disk blocks, so a checkpoint costs no
+space until the source compacts those tables away, and it does not survive the loss of that
+disk: copy it elsewhere for a backup (it is a directory of immutable files; rsync or tar it).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from . import filenames
+from .errors import InvalidArgumentError, StorageIOError
+from .manifest import Manifest
+
+STAGING_SUFFIX = ".checkpoint-tmp"
+COPY_CHUNK_BYTES = 1 << 20
+
+# errnos of a link the file system refuses (copy instead); any other link error fails the call
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK,
+                      errno.ENOSYS})
+
+
+def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
+    """Write a checkpoint of ``db`` to the new directory ``dest`` (module docstring). Returns::
+
+        {"path": dest, "tables": n, "bytes": n, "linked": n, "copied": n,
+         "last_sequence": s, "seconds": s}
+
+    ``create_parents``: create missing parent directories (each synced into its own parent)
+    instead of refusing.
+
+    Raises InvalidArgumentError if ``dest`` exists, its parent does not, it lies inside the
+    DB's directory, or a leftover staging directory holds foreign files; ClosedError if the DB
+    is closed; StorageIOError if the file system fails (nothing is left at ``dest`` then).
+    """
+    t0 = time.monotonic()
+    fs = db._fs
+    dest = _check_dest(db, dest, create_parents)
+    staging = dest + STAGING_SUFFIX
+    db.flush()
+    _clear_staging(fs, staging)
+    fs.makedirs(staging)
+    opened = []
+    try:
+        with db._version_lock:
+            version = db._version
+            m = db._manifest
+            log_number, next_number = m.log_number, m.next_file_number
+            last_seq, pointers = m.last_sequence, dict(m.compact_pointers)
+            files = [f for level in version.levels for f in level]
+            linked = 0
+            for f in files:
+                src = filenames.table_file_name(db.path, f.number)
+                dst = filenames.table_file_name(staging, f.number)
+                try:
+                    fs.link(src, dst)
+                    linked += 1
+                except StorageIOError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    opened.append((f, fs.open_readable(src)))
+        for f, src in opened:
+            _copy(fs, src, filenames.table_file_name(staging, f.number), f.size)
+        for f in files:
+            last_seq = max(last_seq, f.largest_seq)
+        Manifest.write_snapshot(fs, staging, version, log_number=log_number,
+                                next_file_number=next_number, last_sequence=last_seq,
+                                compact_pointers=pointers)
+        fs.sync_dir(staging)
+        fs.rename(staging, dest)
+        fs.sync_dir(os.path.dirname(dest))
+    except BaseException:
+        for _, src in opened:
+            src.close()
+        try:
+            _clear_staging(fs, staging)
+        except Exception:
+            pass  # the next checkpoint to this dest clears it
+        raise
+    for _, src in opened:
+        src.close()
+    return {"path": dest, "tables": len(files), "bytes": sum(f.size for f in files),
+            "linked": linked, "copied": len(opened), "last_sequence": last_seq,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _check_dest(db, dest, create_parents: bool) -> str:
+    if isinstance(dest, bytes) or not isinstance(dest, (str, os.PathLike)):
+        raise InvalidArgumentError(f"checkpoint destination must be a path, got {dest!r}")
+    dest = os.fspath(dest)
+    if not dest or "\x00" in dest:
+        raise InvalidArgumentError(f"checkpoint destination must be a path, got {dest!r}")
+    dest = os.path.abspath(dest)
+    if os.path.lexists(dest):
+        raise InvalidArgumentError(f"checkpoint destination {dest} already exists; "
+                                   "name a directory that does not exist yet")
+    home = os.path.realpath(db.path)
+    real = os.path.realpath(dest)
+    if real == home or real.startswith(home + os.sep):
+        raise InvalidArgumentError(f"checkpoint destination {dest} is inside the DB's "
+                                   f"directory {db.path}; put it elsewhere")
+    parent = os.path.dirname(dest)
+    if create_parents and not os.path.lexists(parent):
+        _make_parents(db._fs, parent)
+    if not os.path.isdir(parent):
+        raise InvalidArgumentError(f"checkpoint destination's parent {parent} is not a "
+                                   "directory; create it first")
+    return dest
+
+
+def _make_parents(fs, path: str) -> None:
+    """Create ``path`` and its missing ancestors, each synced into its parent."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        fs.makedirs(d)
+        fs.sync_dir(os.path.dirname(d))
+
+
+def _clear_staging(fs, staging: str) -> None:
+    """Remove a staging directory left by a failed or crashed checkpoint, if it holds only
+    files a checkpoint writes (tables, a manifest, CURRENT and their temp files)."""
+    if not os.path.lexists(staging):
+        return
+    if not os.path.isdir(staging) or os.path.islink(staging):
+        raise InvalidArgumentError(f"{staging} exists and is not a checkpoint's staging "
+                                   "directory; remove it or choose another destination")
+    names = fs.listdir(staging)
+    foreign = [n for n in names if filenames.parse_file_name(n) is None]
+    if foreign:
+        raise InvalidArgumentError(f"{staging} holds files a checkpoint does not write "
+                                   f"({foreign[0]}); remove it or choose another destination")
+    for n in names:
+        fs.remove(os.path.join(staging, n))
+    fs.rmdir(staging)
+
+
+def _copy(fs, src, path: str, size: int) -> None:
+    """Copy the open table ``src`` (``size`` bytes, as the manifest records) to ``path``,
+    synced. A short file is an error, not a short copy."""
+    out = fs.open_writable(path)
+    try:
+        pos = 0
+        while pos < size:
+            chunk = src.read_at(pos, min(COPY_CHUNK_BYTES, size - pos))
+            if not chunk:
+                raise StorageIOError(f"table is {pos} bytes, the manifest records {size}",
+                                     path=src.path, errno_=errno.EIO)
+            out.append(chunk)
+            pos += len(chunk)
+        out.sync()
+    finally:
+        out.close()

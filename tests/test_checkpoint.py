@@ -1,0 +1,267 @@
+"""DB.checkpoint, Admin.Checkpoint, Client.checkpoint and `sievekv checkpoint`: a consistent
+copy of a live DB that opens as it is (engine/checkpoint.py). The cluster tests run real shard
+and router processes (stopped by start_cluster's finalizer, even on failure)."""
+
+import errno
+import os
+import threading
+
+import grpc
+import pytest
+
+from engine import DB
+from engine.checkpoint import STAGING_SUFFIX
+from engine.errors import ClosedError, InvalidArgumentError, StorageIOError
+from engine.vfs import FileSystem
+from router.client import Client
+from router.client_errors import PartialAdminError
+from sievekv_proto import sievekv_pb2 as pb
+from sievekv_proto import sievekv_pb2_grpc as pbg
+
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
+from .test_cli_e2e import sievekv, two_shard_cluster
+
+SMALL = dict(memtable_bytes=32 << 10, target_file_size=32 << 10, max_bytes_for_level_base=128 << 10)
+
+
+def _fill(db, n=6000, seed=0) -> dict:
+    """Puts over a key space with overwrites and deletes, through several flushes and
+    compactions; the model of what the DB holds."""
+    import random
+    rng = random.Random(seed)
+    model = {}
+    for i in range(n):
+        k = b"k%05d" % rng.randrange(n // 2)
+        if i % 7 == 0:
+            db.delete(k)
+            model.pop(k, None)
+        else:
+            v = b"v%d-" % i + bytes(rng.randrange(256) for _ in range(30))
+            db.put(k, v)
+            model[k] = v
+    return model
+
+
+def _content(path, **opts) -> dict:
+    with DB.open(str(path), **opts) as db:
+        return dict(db.scan())
+
+
+def test_a_checkpoint_opens_with_every_acknowledged_write_and_is_independent(tmp_path):
+    db = DB.open(str(tmp_path / "db"), **SMALL)
+    try:
+        model = _fill(db)
+        db.put(b"in-memtable", b"x")  # not flushed yet: the checkpoint flushes it
+        model[b"in-memtable"] = b"x"
+        r = db.checkpoint(tmp_path / "ck")
+        levels = [lv for lv in db.stats()["levels"] if lv["tables"]]
+        assert r["path"] == str(tmp_path / "ck")
+        assert r["tables"] == sum(lv["tables"] for lv in levels) > 3
+        assert r["linked"] == r["tables"] and r["copied"] == 0
+        assert r["bytes"] == sum(os.path.getsize(tmp_path / "ck" / n)
+                                 for n in os.listdir(tmp_path / "ck") if n.endswith(".sst"))
+        assert not os.path.exists(str(tmp_path / "ck") + STAGING_SUFFIX)
+        assert not [n for n in os.listdir(tmp_path / "ck") if n.endswith(".log")]
+        # The source goes on: new writes and a full compaction (which deletes every table the
+        # checkpoint linked) change nothing in the checkpoint.
+        db.put(b"after", b"1")
+        db.delete(next(iter(model)))
+        db.compact()
+    finally:
+        db.close()
+    assert _content(tmp_path / "ck") == model
+    # The checkpoint is a DB of its own: writable, reopenable, with sequence numbers above
+    # every entry it holds (a new write wins over the checkpointed value of its key).
+    key = next(iter(model))
+    with DB.open(str(tmp_path / "ck"), **SMALL) as ck:
+        ck.put(key, b"newer")
+        ck.compact()
+        assert ck.get(key) == b"newer"
+    model[key] = b"newer"
+    assert _content(tmp_path / "ck") == model
+    assert _content(tmp_path / "db")[b"after"] == b"1"  # and the source has its own
+
+
+def test_a_checkpoint_taken_during_writes_is_a_consistent_prefix(tmp_path):
+    """A writer puts z000000, z000001, ... in order while the checkpoint runs: the checkpoint
+    holds a contiguous prefix of them (no later write without every earlier one), and every
+    key written before the call."""
+    db = DB.open(str(tmp_path / "db"), **SMALL)
+    stop = threading.Event()
+    written = []
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            db.put(b"z%06d" % i, b"w" * 40)
+            written.append(i)
+            i += 1
+
+    try:
+        model = _fill(db, 3000)
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            while len(written) < 200:
+                stop.wait(0.01)
+            before = len(written)
+            db.checkpoint(tmp_path / "ck")
+        finally:
+            stop.set()
+            t.join()
+    finally:
+        db.close()
+    got = _content(tmp_path / "ck")
+    zs = sorted(int(k[1:]) for k in got if k.startswith(b"z"))
+    assert zs == list(range(len(zs))) and len(zs) >= before
+    assert {k: v for k, v in got.items() if not k.startswith(b"z")} == model
+
+
+def test_bad_destinations_are_refused_and_nothing_is_written(tmp_path):
+    db = DB.open(str(tmp_path / "db"), **SMALL)
+    try:
+        _fill(db, 500)
+        (tmp_path / "taken").mkdir()
+        with pytest.raises(InvalidArgumentError, match="already exists"):
+            db.checkpoint(tmp_path / "taken")
+        with pytest.raises(InvalidArgumentError, match="parent .* is not a directory"):
+            db.checkpoint(tmp_path / "no" / "such" / "ck")
+        assert not (tmp_path / "no").exists()
+        with pytest.raises(InvalidArgumentError, match="inside the DB's directory"):
+            db.checkpoint(tmp_path / "db" / "ck")
+        with pytest.raises(InvalidArgumentError, match="inside the DB's directory"):
+            db.checkpoint(tmp_path / "db" / "new" / "ck", create_parents=True)
+        assert not (tmp_path / "db" / "new").exists()
+        for bad in ("", b"/tmp/x", 7, None):
+            with pytest.raises(InvalidArgumentError, match="must be a path"):
+                db.checkpoint(bad)
+        assert sorted(os.listdir(tmp_path)) == ["db", "taken"]
+        # create_parents makes the missing directories.
+        r = db.checkpoint(tmp_path / "no" / "such" / "ck", create_parents=True)
+        assert r["tables"] >= 1 and os.path.isdir(tmp_path / "no" / "such" / "ck")
+    finally:
+        db.close()
+    with pytest.raises(ClosedError):
+        db.checkpoint(tmp_path / "later")
+    assert not (tmp_path / "later").exists()
+
+
+def test_a_leftover_staging_directory_is_cleared_but_foreign_files_are_never_deleted(tmp_path):
+    db = DB.open(str(tmp_path / "db"), **SMALL)
+    try:
+        model = _fill(db, 800)
+        staging = str(tmp_path / "ck") + STAGING_SUFFIX
+        os.mkdir(staging)  # what a crash between link and rename leaves behind
+        for name in ("000007.sst", "MANIFEST-000009", "CURRENT"):
+            with open(os.path.join(staging, name), "wb") as f:
+                f.write(b"partial")
+        db.checkpoint(tmp_path / "ck")
+        assert not os.path.exists(staging)
+        os.mkdir(str(tmp_path / "ck2") + STAGING_SUFFIX)
+        with open(os.path.join(str(tmp_path / "ck2") + STAGING_SUFFIX, "notes.txt"), "w") as f:
+            f.write("mine")
+        with pytest.raises(InvalidArgumentError, match="notes.txt"):
+            db.checkpoint(tmp_path / "ck2")
+        assert os.path.exists(os.path.join(str(tmp_path / "ck2") + STAGING_SUFFIX, "notes.txt"))
+        assert not (tmp_path / "ck2").exists()
+    finally:
+        db.close()
+    assert _content(tmp_path / "ck") == model
+
+
+class _NoLinks(FileSystem):
+    """A file system where hard links fail with ``err`` (EXDEV: another file system) after
+    ``ok`` successful ones."""
+
+    def __init__(self, err, ok=0):
+        super().__init__()
+        self.err, self.ok = err, ok
+
+    def link(self, src, dst):
+        if self.ok > 0:
+            self.ok -= 1
+            return super().link(src, dst)
+        raise StorageIOError("link failed (injected)", path=src, errno_=self.err)
+
+
+def test_tables_are_copied_where_the_file_system_refuses_links(tmp_path):
+    fs = _NoLinks(errno.EXDEV, ok=2)
+    db = DB.open(str(tmp_path / "db"), fs=fs, **SMALL)
+    try:
+        model = _fill(db)
+        r = db.checkpoint(tmp_path / "ck")
+        assert r["linked"] == 2 and r["copied"] == r["tables"] - 2 > 0
+        # copies are files of their own (one link), with the source's bytes
+        copies = [n for n in os.listdir(tmp_path / "ck")
+                  if n.endswith(".sst") and os.stat(tmp_path / "ck" / n).st_nlink == 1]
+        assert len(copies) == r["copied"]
+    finally:
+        db.close()
+    assert _content(tmp_path / "ck") == model
+    with DB.open(str(tmp_path / "ck")) as ck:  # every checksum of every copied block holds
+        report = ck.verify()
+    assert report["tables"] == r["tables"] and report["damaged"] == []
+
+
+def test_a_failed_checkpoint_leaves_nothing_and_the_db_goes_on(tmp_path):
+    fs = _NoLinks(errno.EIO, ok=1)  # EIO is not "links unsupported": the call fails
+    db = DB.open(str(tmp_path / "db"), fs=fs, **SMALL)
+    try:
+        model = _fill(db)
+        with pytest.raises(StorageIOError, match="link failed"):
+            db.checkpoint(tmp_path / "ck")
+        assert sorted(os.listdir(tmp_path)) == ["db"]
+        db.put(b"still", b"writable")
+        model[b"still"] = b"writable"
+        fs.err = errno.EXDEV
+        db.checkpoint(tmp_path / "ck")
+    finally:
+        db.close()
+    assert _content(tmp_path / "ck") == model == _content(tmp_path / "db")
+
+
+# -- a real cluster ---------------------------------------------------------------------------
+
+pytestmark = pytest.mark.usefixtures("cli_env_cleared")
+cluster = two_shard_cluster("checkpoint")
+
+
+def test_checkpoint_of_a_cluster_through_the_router(cluster, tmp_path):
+    cfg = ["--config", cluster["conf"]]
+    model = {b"key%05d" % i: b"v%d" % i for i in range(3000)}
+    with Client(cluster["router"]) as c:
+        c.write(list(model.items()))
+        c.delete(b"key00007")
+        del model[b"key00007"]
+        results = c.checkpoint(str(tmp_path / "ck1"))
+        assert sorted(r.shard for r in results) == ["shard-0", "shard-1"]
+        assert all(r.ok and r.report["path"] == str(tmp_path / "ck1" / r.shard)
+                   for r in results)
+        # The same directory again: every shard refuses with ALREADY_EXISTS, nothing changes.
+        with pytest.raises(PartialAdminError) as e:
+            c.checkpoint(str(tmp_path / "ck1"))
+        assert e.value.code == grpc.StatusCode.ALREADY_EXISTS
+        assert all(s.code == grpc.StatusCode.ALREADY_EXISTS for s in e.value.sections)
+    # A relative directory sent as it is: INVALID_ARGUMENT from the router and from a shard.
+    with grpc.insecure_channel(cluster["router"]) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            pbg.AdminStub(ch).Checkpoint(pb.CheckpointRequest(dir="rel/ck"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "absolute" in e.value.details()
+
+    r = sievekv("checkpoint", str(tmp_path / "ck2"), *cfg)
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert len(lines) == 2 and all(" linked, 0 copied) in " in x for x in lines), lines
+    assert lines[0].startswith(f"shard-0    {tmp_path / 'ck2' / 'shard-0'}: ")
+    r = sievekv("checkpoint", str(tmp_path / "ck2"), *cfg)
+    assert r.returncode == 6, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("sievekv: error: checkpoint: 2 of 2 shards' directories")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+    # Each shard's checkpoint opens as a data directory; together they hold the model.
+    for ck in ("ck1", "ck2"):
+        got = {}
+        for shard in ("shard-0", "shard-1"):
+            got.update(_content(tmp_path / ck / shard))
+        assert got == model
