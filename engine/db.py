@@ -582,13 +582,17 @@ class DB(Background):
     # flush
     # ------------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Freeze the memtable (if not empty) and wait until every frozen one is in L0."""
+        """Freeze the memtable (if not empty) and wait until it, and every memtable frozen
+        before it, is in L0. Memtables frozen later by other writers are not waited for (under
+        a steady stream of writes, "until none is frozen" could wait for ever)."""
         with self._mu:
             self._check_writable()
         # Enter as a writer so the switch is ordered with concurrent writes.
         self._gc.write([], False, 0, self._force_switch, solo=True)
         with self._mu:
-            while self._frozen:
+            # Newest first, flushed oldest first: once this one is gone, so are older ones.
+            target = self._frozen[0] if self._frozen else None
+            while target is not None and any(m is target for m in self._frozen):
                 self._check_writable()
                 self._bg_cv.wait(0.5)
 

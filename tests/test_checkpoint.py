@@ -265,3 +265,54 @@ def test_checkpoint_of_a_cluster_through_the_router(cluster, tmp_path):
         for shard in ("shard-0", "shard-1"):
             got.update(_content(tmp_path / ck / shard))
         assert got == model
+
+
+class _GatedTables(FileSystem):
+    """Creating the n-th table file (n = 1, 2, ...) waits for ``gates[n]`` if there is one;
+    ``opened[n]`` is set when it is reached."""
+
+    def __init__(self, gates):
+        super().__init__()
+        self.gates = gates
+        self.opened = {n: threading.Event() for n in gates}
+        self.n = 0
+
+    def open_writable(self, path):
+        if path.endswith(".sst"):
+            self.n += 1
+            if self.n in self.gates:
+                self.opened[self.n].set()
+                assert self.gates[self.n].wait(60)
+        return super().open_writable(path)
+
+
+def test_flush_waits_for_its_own_memtable_not_for_ones_frozen_after_it(tmp_path):
+    """Found writing checkpoint (which flushes first): flush() waited until *no* memtable was
+    frozen, so under a steady stream of writes it could wait for ever (a checkpoint beside one
+    writer thread took 12 s). Here the memtable a flush froze (M1) is held until a writer has
+    frozen the next one (M2), whose table is then held until the end: the flush must return
+    once M1 is in L0."""
+    go1, go2 = threading.Event(), threading.Event()
+    fs = _GatedTables({1: go1, 2: go2})
+    db = DB.open(str(tmp_path / "db"), fs=fs, table_workers=0, disable_auto_compactions=True,
+                 memtable_bytes=16 << 10)
+    flusher = None
+    try:
+        db.put(b"a", b"1")
+        flusher = threading.Thread(target=db.flush)
+        flusher.start()
+        assert fs.opened[1].wait(60)  # M1 frozen by the flush, its table being written
+        i = 0
+        while db.stats()["memtable"]["frozen"] < 2:  # a writer freezes M2
+            db.put(b"b%06d" % i, b"x" * 100)
+            i += 1
+        go1.set()
+        flusher.join(30)
+        assert not flusher.is_alive(), "flush() waited for a memtable frozen after its own"
+        assert fs.opened[2].wait(60)  # M2's flush is still held: the flush did not wait for it
+    finally:
+        go1.set()
+        go2.set()
+        if flusher is not None:
+            flusher.join(60)
+        db.close()
