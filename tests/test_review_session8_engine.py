@@ -1,0 +1,354 @@
+"""Review (session 8) of the engine at its limits and across option changes.
+
+A DB written with one set of options (several flushes, a compaction, deletes) and reopened
+with each option that affects new tables or reads changed; keys and values at and one past
+the configured maxima, through flush, compaction and log replay after a crash; scans at their
+edges and while writes, flushes and compactions run. Real files, the real engine.
+
+Tests marked ``xfail(strict=True)`` show a bug that is still open: each fails today and passes
+once fixed. The others pin what was checked and held, and that no other test covered.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from engine import DB
+from engine.errors import InvalidArgumentError, StorageIOError
+from engine.filter_plan import policy_fpr
+
+from .conftest import REPO
+
+SMALL = dict(table_workers=0, memtable_bytes=16 * 1024, target_file_size=16 * 1024,
+             max_bytes_for_level_base=64 * 1024, block_size=1024)
+
+
+def _build(path, **options) -> dict:
+    """Six batches of puts and deletes, each flushed, a full compaction after the fourth; the
+    dict the DB must equal."""
+    rng = random.Random(1)
+    model: dict[bytes, bytes] = {}
+    with DB.open(path, **{**SMALL, **options}) as db:
+        for r in range(6):
+            batch = []
+            for _ in range(120):
+                k = b"k%05d" % rng.randrange(600)
+                if rng.random() < 0.15:
+                    batch.append((k, None))
+                    model.pop(k, None)
+                else:
+                    v = rng.randbytes(rng.randrange(0, 60))
+                    batch.append((k, v))
+                    model[k] = v
+            db.write(batch)
+            db.flush()
+            if r == 3:
+                db.compact()
+    return model
+
+
+def _check(db, model: dict) -> None:
+    keys = [b"k%05d" % i for i in range(600)]
+    assert [db.get(k) for k in keys] == [model.get(k) for k in keys]
+    assert db.multi_get(keys) == [model.get(k) for k in keys]
+    assert list(db.scan()) == sorted(model.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# Bugs (strict xfails)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/options.py:69 partition_bytes has a lower bound only: DB.open(partition_bytes=2**40) "
+    "opens and takes writes, and the first flush fails the DB for good (the filter builder asks "
+    "numpy for an 8 TiB bit array), which _validate_filters' docstring says must not happen"))
+def test_an_unbuildable_partition_size_is_refused_at_open(tmp_path):
+    try:
+        db = DB.open(tmp_path / "db", table_workers=0, partition_bytes=2 ** 40)
+    except InvalidArgumentError as exc:
+        assert "partition_bytes" in str(exc)
+        return
+    db.close()
+    pytest.fail("DB.open accepted partition_bytes=2**40")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/options.py:38 max_key_size has no upper bound and engine/db.py:118 allocates a "
+    "sentinel of max_key_size + 1 bytes at open: 2**62 raises MemoryError, not "
+    "InvalidArgumentError (keys over 2**32-1 bytes cannot be logged anyway: the batch's key "
+    "length is a u32)"))
+def test_max_key_size_beyond_what_the_log_can_hold_is_an_invalid_argument(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="max_key_size"):
+        DB.open(tmp_path / "db", table_workers=0, max_key_size=2 ** 62)
+    assert not os.path.exists(tmp_path / "db")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/options.py _validate never checks fs: DB.open(fs='x') raises AttributeError "
+    "('str' object has no attribute 'exists') instead of InvalidArgumentError naming fs"))
+def test_a_file_system_of_the_wrong_type_is_an_invalid_argument(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="fs"):
+        DB.open(tmp_path / "db", fs="x")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/filters/registry.py:34 lookup_class: an unknown filter_policy raises \"unknown filter "
+    "policy 'nope'\", which does not name the option (every other option's message does)"))
+def test_an_unknown_filter_policy_names_the_option(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="filter_policy"):
+        DB.open(tmp_path / "db", filter_policy="nope")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/options.py:124 checks a level with isinstance(level, int), which True passes: "
+    "bits_per_key_per_level={True: 3} is taken as level 1 (bits that are bools are refused)"))
+def test_a_bool_level_in_bits_per_key_per_level_is_refused(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="bits_per_key_per_level"):
+        DB.open(tmp_path / "db", table_workers=0, bits_per_key_per_level={True: 3})
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/reports.py:215,223 computes every table's expected_fpr (and the budget's actual_fpr, "
+    "reports.py:291) with the policy now configured, not the one the table was built with: "
+    "blocked-Bloom tables reopened with filter_policy=None are reported at the classic FPR "
+    "(0.0082 instead of 0.0096 at 10 bits per key)"))
+def test_expected_fpr_follows_each_tables_own_policy(tmp_path):
+    path = tmp_path / "db"
+    _build(path)  # default policy: blocked Bloom, 10 bits per key
+    with DB.open(path, **SMALL, filter_policy=None) as db:
+        rows = [t for lv in db.filter_report()["levels"] for t in lv["tables"]]
+    assert rows and all(r["policy"] == "sievekv.BlockedBloomFilter.v1" for r in rows)
+    for r in rows:
+        assert r["expected_fpr"] == pytest.approx(policy_fpr(r["policy"], r["bits_per_key"]))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/reports.py:204 a level's (and the DB's) totals['bits_per_key'] is 8 x page-rounded "
+    "filter bytes / keys, while each table's 'bits_per_key' is the configured bits: the same "
+    "name, two quantities (here ~117 against 10); the tables' page-rounded figure is "
+    "'effective_bits_per_key'"))
+def test_level_totals_bits_per_key_mean_what_the_tables_bits_per_key_mean(tmp_path):
+    with DB.open(tmp_path / "db", **SMALL) as db:
+        for i in range(300):
+            db.put(b"k%05d" % i, b"v" * 30)
+        db.flush()
+        rep = db.filter_report()
+    for lv in rep["levels"]:
+        rows = lv["tables"]
+        weighted = sum(r["bits_per_key"] * r["keys"] for r in rows) / sum(r["keys"] for r in rows)
+        assert weighted == pytest.approx(10.0)
+        assert lv["totals"].get("bits_per_key", weighted) == pytest.approx(weighted)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/errors.py:59 StorageIOError passes errno 0 to OSError when it has none, so str() "
+    "starts with '[Errno 0]': every 'DB refuses writes after an earlier failure (...)' caused by "
+    "something other than an OS call (a MemoryError, corruption) reads '[Errno 0] DB refuses "
+    "...', also in the shard's INTERNAL status message"))
+def test_a_storage_error_without_an_errno_does_not_print_errno_0():
+    exc = StorageIOError("DB refuses writes after an earlier failure (boom)", path="/d")
+    assert "Errno 0" not in str(exc)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine/db.py:403-405 (and _commit's 'append' failure, db.py:452): a batch over the log record limit "
+    "(engine/wal/writer.py:70, LOG_MAX_PAYLOAD = 4 GiB - 1, checked only after the whole "
+    "payload is built) is a caller's error, but the DB counts it as a log error and marks the "
+    "log broken, so the next write switches memtable and log for nothing"))
+def test_a_batch_over_the_log_record_limit_is_not_a_log_failure(tmp_path, monkeypatch):
+    import engine.wal.writer as writer
+
+    monkeypatch.setattr(writer, "LOG_MAX_PAYLOAD", 1 << 20)  # the 4 GiB limit, scaled down
+    with DB.open(tmp_path / "db", table_workers=0) as db:
+        db.put(b"a", b"1")
+        log_before = db.stats()["log"]["number"]
+        with pytest.raises(InvalidArgumentError):
+            db.write([(b"k%d" % i, b"v" * 4096) for i in range(600)])  # ~2.4 MiB
+        db.put(b"b", b"2")
+        assert db.stats()["counters"]["log_errors"] == 0
+        assert db.stats()["log"]["number"] == log_before
+        assert db.get(b"a") == b"1" and db.get(b"k1") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked and held
+# ---------------------------------------------------------------------------------------------
+CHANGES = [
+    dict(block_size=256), dict(block_size=65536), dict(restart_interval=16),
+    dict(data_block_hash_index=False), dict(bits_per_key=1.0), dict(bits_per_key=0.0),
+    dict(bits_per_key_per_level=[0, 2, 20]), dict(filter_policy=None),
+    dict(filter_policy="bloom"), dict(optimize_filters_for_hits=True), dict(mmap_reads=False),
+    dict(verify_every_read=False), dict(filter_memory_budget=0), dict(filter_memory_cap=0),
+    dict(target_file_size=1), dict(memtable_bytes=1024), dict(partition_bytes=64),
+]
+NO_FILTER_CHANGES = [dict(filter_policy="bloom"), dict(bits_per_key_per_level=[0, 2, 20]),
+                     dict(optimize_filters_for_hits=True), dict(filter_memory_budget=4096),
+                     dict(filter_memory_cap=0)]
+INTERVAL_CHANGES = [dict(restart_interval=1, data_block_hash_index=True),
+                    dict(verify_every_read=False), dict(mmap_reads=False), dict(block_size=256)]
+
+
+@pytest.mark.parametrize("start,changes", [
+    ({}, CHANGES), (dict(filter_policy=None), NO_FILTER_CHANGES),
+    (dict(restart_interval=16, data_block_hash_index=False), INTERVAL_CHANGES)],
+    ids=["default", "no-filter", "interval16"])
+def test_reopen_with_each_option_changed_reads_and_compacts(tmp_path, start, changes):
+    """Every key reads back by get, multi_get and scan after the change, after a compaction
+    under the new options, and after a reopen with the first options; the reports stay sane.
+    (Also measured with bloom at 4 bits/key and optimize_filters_for_hits as the start.)"""
+    built = tmp_path / "built"
+    first = _build(built, **start)
+    for n, change in enumerate(changes):
+        path = tmp_path / f"db{n}"
+        shutil.copytree(built, path)
+        model = dict(first)
+        with DB.open(path, **{**SMALL, **start, **change}) as db:
+            _check(db, model)
+            for i in range(0, 600, 7):
+                db.put(b"k%05d" % i, b"n")
+                model[b"k%05d" % i] = b"n"
+            db.flush()
+            db.compact()
+            _check(db, model)
+            rep = db.filter_report()
+            rows = [t for lv in rep["levels"] for t in lv["tables"]]
+            assert all(r["bits_per_key"] >= 0 and 0 <= r["expected_fpr"] <= 1 for r in rows)
+            assert all(lv["entries"] >= 0 for lv in db.stats()["levels"])
+        with DB.open(path, **{**SMALL, **start}) as db:
+            assert list(db.scan()) == sorted(model.items())
+
+
+_CRASH_WRITER = """
+import os, sys
+from engine import DB
+db = DB.open(sys.argv[1], table_workers=0, max_key_size=1024, max_value_size=65536)
+db.write([(b"w%03d" % i + b"\\xff" * 1020, bytes([i]) * 65536) for i in range(40)])
+db.put(b"\\xff" * 1024, b"")
+os._exit(0)  # no close: the next open replays the log
+"""
+
+
+def test_keys_and_values_at_the_configured_maxima_survive_flush_compaction_and_replay(tmp_path):
+    """max_key_size 1024, max_value_size 64 KiB: keys of exactly 1024 bytes (0xFF runs,
+    prefixes of each other), values of exactly 64 KiB and empty ones, one byte over refused
+    naming the limit; all read back from memtable, L0, after compaction and after replaying
+    the log of a process that exited without closing."""
+    path = str(tmp_path / "db")
+    opts = dict(table_workers=0, max_key_size=1024, max_value_size=65536, memtable_bytes=256 * 1024)
+    model = {b"\xff" * 1024: os.urandom(65536), b"\xff" * 1023: b"", b"\xff": os.urandom(65536),
+             b"a" * 1024: b"", b"a" * 1023 + b"\xff": os.urandom(100), b"\x00": b"x"}
+    with DB.open(path, **opts) as db:
+        for k, v in model.items():
+            db.put(k, v)
+        for bad, limit in ((lambda: db.put(b"k" * 1025, b""), "max_key_size"),
+                           (lambda: db.put(b"k", b"v" * 65537), "max_value_size"),
+                           (lambda: db.write([(b"ok", b"1"), (b"k" * 1025, None)]), "max_key_size"),
+                           (lambda: list(db.scan(b"k" * 1025)), "max_key_size")):
+            with pytest.raises(InvalidArgumentError, match=limit):
+                bad()
+        assert db.get(b"ok") is None
+
+        def check():
+            assert all(db.get(k) == v for k, v in model.items())
+            assert db.multi_get(list(model)) == list(model.values())
+            assert list(db.scan()) == sorted(model.items())
+            assert [k for k, _ in db.scan(end=b"\xff" * 1024)] == sorted(model)[:-1]
+
+        check()
+        db.flush()
+        check()
+        db.compact()
+        check()
+    subprocess.run([sys.executable, "-c", _CRASH_WRITER, path], cwd=REPO, check=True, timeout=60)
+    model.update({b"w%03d" % i + b"\xff" * 1020: bytes([i]) * 65536 for i in range(40)})
+    model[b"\xff" * 1024] = b""
+    with DB.open(path, **opts) as db:
+        assert db.stats()["recovered_entries"] == 41
+        check()
+        db.compact()
+        check()
+
+
+def test_scan_edges(tmp_path):
+    with DB.open(tmp_path / "db", **SMALL) as db:
+        keys = [b"p" * n for n in range(1, 20)] + [b"\xff" * n for n in range(1, 5)] + [b"\x00"]
+        for k in keys:
+            db.put(k, k)
+        db.flush()
+        db.put(b"pp", b"new")  # the memtable hides L0
+        want = sorted((k, b"new" if k == b"pp" else k) for k in keys)
+        assert list(db.scan(b"ppp", b"ppp")) == [] and list(db.scan(b"q", b"p")) == []
+        assert list(db.scan(end=b"")) == []  # nothing is below the empty key
+        assert list(db.scan(start=b"")) == list(db.scan()) == want
+        assert list(db.scan(limit=0)) == [] and list(db.scan(limit=10 ** 9)) == want
+        assert list(db.scan(b"pp", b"pppp")) == [(b"pp", b"new"), (b"ppp", b"ppp")]
+        assert [k for k, _ in db.scan(b"\xff\xff")] == [b"\xff" * n for n in range(2, 5)]
+        with pytest.raises(InvalidArgumentError):
+            db.scan(limit=-1)
+
+
+def test_scans_while_writes_flushes_and_compactions_run(tmp_path):
+    """Keys present before a scan and not written during it appear exactly once, in order,
+    with their value, while other threads overwrite and delete the other keys, flush and
+    compact (measured: ~350 scans, ~70 compactions over two 25 s runs without a miss)."""
+    db = DB.open(tmp_path / "db", **{**SMALL, "l0_compaction_trigger": 2, "block_size": 512})
+    key = lambda i: b"\xff" * (i % 3) + b"k%05d" % i  # noqa: E731 - 0xFF prefixes, three runs
+    stable = {}
+    for i in range(3000):
+        db.put(key(i), b"s%d" % i)
+        if i % 2 == 0:
+            stable[key(i)] = b"s%d" % i
+    db.flush()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer():
+        rng = random.Random(1)
+        try:
+            while not stop.is_set():
+                k = key(rng.randrange(3000) | 1)  # odd keys only
+                db.delete(k) if rng.random() < 0.3 else db.put(k, rng.randbytes(50))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def background():
+        try:
+            while not stop.is_set():
+                time.sleep(0.05)
+                db.flush()
+                if random.random() < 0.3:
+                    db.compact()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=background)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 3
+        scans = 0
+        rng = random.Random(2)
+        while time.monotonic() < deadline or scans < 5:
+            start = rng.choice([None, b"k01", b"\xffk", b"\xff\xffk02"])
+            end = rng.choice([None, b"\xff", b"\xff\xffk01"])
+            got = list(db.scan(start, end))
+            ks = [k for k, _ in got]
+            assert all(a < b for a, b in zip(ks, ks[1:]))
+            seen = dict(got)
+            want = {k: v for k, v in stable.items()
+                    if (start is None or k >= start) and (end is None or k < end)}
+            assert all(seen.get(k) == v for k, v in want.items())
+            scans += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        db.close()
+    assert not errors
