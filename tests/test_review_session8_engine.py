@@ -115,8 +115,8 @@ def test_a_bool_level_in_bits_per_key_per_level_is_refused(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "engine/reports.py:215,223 computes every table's expected_fpr (and the budget's actual_fpr, "
-    "reports.py:291) with the policy now configured, not the one the table was built with: "
+    "engine/reports.py filter_report (fpr_of = fpr_function(opts)) computes every table's expected_fpr (and the budget's actual_fpr, "
+    "_actual_runs) with the policy now configured, not the one the table was built with: "
     "blocked-Bloom tables reopened with filter_policy=None are reported at the classic FPR "
     "(0.0082 instead of 0.0096 at 10 bits per key)"))
 def test_expected_fpr_follows_each_tables_own_policy(tmp_path):
@@ -130,7 +130,7 @@ def test_expected_fpr_follows_each_tables_own_policy(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "engine/reports.py:204 a level's (and the DB's) totals['bits_per_key'] is 8 x page-rounded "
+    "engine/reports.py _total: a level's (and the DB's) totals['bits_per_key'] is 8 x page-rounded "
     "filter bytes / keys, while each table's 'bits_per_key' is the configured bits: the same "
     "name, two quantities (here ~117 against 10); the tables' page-rounded figure is "
     "'effective_bits_per_key'"))
