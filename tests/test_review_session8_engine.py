@@ -115,8 +115,9 @@ def test_a_bool_level_in_bits_per_key_per_level_is_refused(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "engine/reports.py filter_report (fpr_of = fpr_function(opts)) computes every table's expected_fpr (and the budget's actual_fpr, "
-    "_actual_runs) with the policy now configured, not the one the table was built with: "
+    "engine/reports.py filter_report (fpr_of = fpr_function(opts)) computes every table's "
+    "expected_fpr (and the budget's actual_fpr, _actual_runs) with the policy now configured, "
+    "not the one the table was built with: "
     "blocked-Bloom tables reopened with filter_policy=None are reported at the classic FPR "
     "(0.0082 instead of 0.0096 at 10 bits per key)"))
 def test_expected_fpr_follows_each_tables_own_policy(tmp_path):
@@ -158,8 +159,8 @@ def test_a_storage_error_without_an_errno_does_not_print_errno_0():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "engine/db.py:403-405 (and _commit's 'append' failure, db.py:452): a batch over the log record limit "
-    "(engine/wal/writer.py:70, LOG_MAX_PAYLOAD = 4 GiB - 1, checked only after the whole "
+    "engine/db.py:403-405 (and _commit's 'append' failure, db.py:452): a batch over the log "
+    "record limit (engine/wal/writer.py:70, LOG_MAX_PAYLOAD = 4 GiB - 1, checked only after the whole "
     "payload is built) is a caller's error, but the DB counts it as a log error and marks the "
     "log broken, so the next write switches memtable and log for nothing"))
 def test_a_batch_over_the_log_record_limit_is_not_a_log_failure(tmp_path, monkeypatch):
