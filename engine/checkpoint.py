@@ -16,6 +16,10 @@ Steps:
    describes the captured version and ``CURRENT`` (``Manifest.write_snapshot``), fsync the
    staging directory, rename it to ``dest``, fsync ``dest``'s parent.
 
+While it runs, ``stats()["checkpoint_running"]`` shows its progress (``Progress.report``:
+tables and bytes linked or copied so far). One checkpoint runs per process at a time; a second
+waits for the first.
+
 A failure or a crash leaves no partial ``dest``: only the staging directory, which a failed
 call removes and the next checkpoint to the same ``dest`` clears (if it holds nothing but
 files a checkpoint writes; anything else there is refused, never deleted).
@@ -30,14 +34,18 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 
 from . import filenames
 from .errors import InvalidArgumentError, StorageIOError
 from .manifest import Manifest
+from .progress import Progress
 
 STAGING_SUFFIX = ".checkpoint-tmp"
 COPY_CHUNK_BYTES = 1 << 20
+
+_lock = threading.Lock()  # one checkpoint per process at a time (one progress to show)
 
 # errnos of a link the file system refuses (copy instead); any other link error fails the call
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK,
@@ -57,6 +65,14 @@ def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
     DB's directory, or a leftover staging directory holds foreign files; ClosedError if the DB
     is closed; StorageIOError if the file system fails (nothing is left at ``dest`` then).
     """
+    with _lock:
+        try:
+            return _checkpoint(db, dest, create_parents)
+        finally:
+            db._checkpoint_progress = None
+
+
+def _checkpoint(db, dest, create_parents: bool) -> dict:
     t0 = time.monotonic()
     fs = db._fs
     dest = _check_dest(db, dest, create_parents)
@@ -72,6 +88,8 @@ def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
             log_number, next_number = m.log_number, m.next_file_number
             last_seq, pointers = m.last_sequence, dict(m.compact_pointers)
             files = [f for level in version.levels for f in level]
+            progress = Progress(len(files), sum(f.size for f in files))
+            db._checkpoint_progress = progress
             linked = 0
             for f in files:
                 src = filenames.table_file_name(db.path, f.number)
@@ -79,12 +97,15 @@ def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
                 try:
                     fs.link(src, dst)
                     linked += 1
+                    progress.tables_done += 1
+                    progress.add(f.size)
                 except StorageIOError as exc:
                     if exc.errno not in _NO_LINK:
                         raise
                     opened.append((f, fs.open_readable(src)))
         for f, src in opened:
-            _copy(fs, src, filenames.table_file_name(staging, f.number), f.size)
+            _copy(fs, src, filenames.table_file_name(staging, f.number), f.size, progress)
+            progress.tables_done += 1
         for f in files:
             last_seq = max(last_seq, f.largest_seq)
         Manifest.write_snapshot(fs, staging, version, log_number=log_number,
@@ -161,7 +182,7 @@ def _clear_staging(fs, staging: str) -> None:
     fs.rmdir(staging)
 
 
-def _copy(fs, src, path: str, size: int) -> None:
+def _copy(fs, src, path: str, size: int, progress: Progress) -> None:
     """Copy the open table ``src`` (``size`` bytes, as the manifest records) to ``path``,
     synced. A short file is an error, not a short copy."""
     out = fs.open_writable(path)
@@ -174,6 +195,7 @@ def _copy(fs, src, path: str, size: int) -> None:
                                      path=src.path, errno_=errno.EIO)
             out.append(chunk)
             pos += len(chunk)
+            progress.add(len(chunk))
         out.sync()
     finally:
         out.close()

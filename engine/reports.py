@@ -137,6 +137,9 @@ def stats(db) -> dict:
         # DB.verify in progress (engine/verify.py Progress.report), or None
         "verify_running": (lambda p: p.report() if p is not None else None)(
             getattr(db, "_verify_progress", None)),
+        # DB.checkpoint in progress (engine/checkpoint.py: bytes linked or copied), or None
+        "checkpoint_running": (lambda p: p.report() if p is not None else None)(
+            getattr(db, "_checkpoint_progress", None)),
         "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
                         "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
                         "total_seconds": round(c.slowdown_s + c.stop_s, 4)},

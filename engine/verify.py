@@ -21,27 +21,9 @@ import threading
 import time
 
 from .errors import ClosedError, CorruptionError, StorageIOError
+from .progress import Progress
 from .reports import _live_tables
 from .sstable.verify import verify_table
-
-
-class Progress:
-    """Bytes and tables checked so far by one ``verify`` call (read from other threads)."""
-
-    def __init__(self, tables: int, total_bytes: int):
-        self.tables = tables
-        self.total_bytes = total_bytes
-        self.tables_done = 0
-        self.bytes_done = 0
-        self.started = time.monotonic()
-
-    def add(self, n: int) -> None:
-        self.bytes_done += n
-
-    def report(self) -> dict:
-        return {"tables": self.tables, "tables_done": self.tables_done,
-                "bytes": self.total_bytes, "bytes_done": min(self.bytes_done, self.total_bytes),
-                "seconds": round(time.monotonic() - self.started, 3)}
 
 
 _lock = threading.Lock()  # one verify per process at a time keeps the disk load predictable

@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "the shards finish their checkpoints)")
     p.add_argument("dir", metavar="DIR", help="a directory that does not exist yet on the "
                    "shards' hosts (made absolute here)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- config --------------------------------------------------------------------------
     cf = sub.add_parser("config", help="print or check a cluster config",

@@ -69,11 +69,13 @@ def _count(n: int, what: str) -> str:
     return f"{format_count(n)} {what}{'' if n == 1 else 's'}"
 
 
-def progress_line(shards: dict) -> str:
-    """``s0 45% (58.0 MiB of 129 MiB, 3 of 12 tables); s1 ...`` for the shards verifying now."""
+def progress_line(shards: dict, field: str = "verify_running") -> str:
+    """``s0 45% (58.0 MiB of 129 MiB, 3 of 12 tables); s1 ...`` for the shards verifying now
+    (``field``: the stats entry of another long call with the same report, e.g.
+    ``checkpoint_running``)."""
     parts = []
     for name, s in sorted(shards.items()):
-        run = s.get("verify_running") if isinstance(s, dict) else None
+        run = s.get(field) if isinstance(s, dict) else None
         if run:
             pct = min(99, 100 * run["bytes_done"] // max(1, run["bytes"]))
             parts.append(f"{name} {pct}% ({format_bytes(run['bytes_done'])} of "
