@@ -7,6 +7,7 @@ map the subclasses to gRPC status codes and exit codes:
 class                       gRPC status         meaning
 ==========================  ==================  =================================
 InvalidArgumentError        INVALID_ARGUMENT    the caller passed a bad key, value, option
+  AlreadyExistsError        ALREADY_EXISTS      ... a path that must be new exists (checkpoint)
 CorruptionError             DATA_LOSS           stored bytes fail a checksum or the format
 StorageIOError              INTERNAL            the operating system refused an I/O call
   (errno ENOSPC or EDQUOT)  RESOURCE_EXHAUSTED  ... because the disk or quota is full (unless
@@ -26,6 +27,10 @@ class SieveError(Exception):
 
 class InvalidArgumentError(SieveError, ValueError):
     """The caller passed something the engine cannot accept (empty key, value over a limit...)."""
+
+
+class AlreadyExistsError(InvalidArgumentError):
+    """A path the caller named must not exist yet, and does (or another call is creating it)."""
 
 
 class CorruptionError(SieveError):
@@ -57,6 +62,11 @@ class StorageIOError(SieveError, OSError):
         self.path = path
         self.retryable = retryable
         super().__init__(errno_ or 0, message if path is None else f"{message}: {path}")
+
+    def __str__(self) -> str:
+        # OSError's "[Errno N] message"; without an errno (a failure that is not an OS call's,
+        # e.g. "DB refuses writes after an earlier failure (...)") just the message.
+        return super().__str__() if self.errno else str(self.strerror)
 
 
 class ResultTooLargeError(SieveError):

@@ -6,6 +6,7 @@ No Python traceback ever reaches a client. The guard maps:
 raised in a handler             status code          details
 ==============================  ===================  =======================================
 StatusError(code, message)      code                 message
+AlreadyExistsError              ALREADY_EXISTS       the message, naming the path
 InvalidArgumentError            INVALID_ARGUMENT     the message, naming the limit
 CorruptionError                 DATA_LOSS            the message, naming the file (and offset)
 ClosedError                     UNAVAILABLE          the message
@@ -32,8 +33,9 @@ from typing import Callable
 
 import grpc
 
-from engine.errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError,
-                           ResultTooLargeError, SieveError, StorageIOError)
+from engine.errors import (AlreadyExistsError, ClosedError, CorruptionError,
+                           InvalidArgumentError, LockedError, ResultTooLargeError, SieveError,
+                           StorageIOError)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The (code, one-line details) a handler exception maps to (see the module table)."""
     if isinstance(exc, StatusError):
         return exc.code, one_line(exc.message)
+    if isinstance(exc, AlreadyExistsError):
+        return grpc.StatusCode.ALREADY_EXISTS, one_line(str(exc))
     if isinstance(exc, InvalidArgumentError):
         return grpc.StatusCode.INVALID_ARGUMENT, one_line(str(exc))
     if isinstance(exc, CorruptionError):

@@ -148,11 +148,9 @@ def test_level_totals_bits_per_key_mean_what_the_tables_bits_per_key_mean(tmp_pa
         assert lv["totals"].get("bits_per_key", weighted) == pytest.approx(weighted)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/errors.py:59 StorageIOError passes errno 0 to OSError when it has none, so str() "
-    "starts with '[Errno 0]': every 'DB refuses writes after an earlier failure (...)' caused by "
-    "something other than an OS call (a MemoryError, corruption) reads '[Errno 0] DB refuses "
-    "...', also in the shard's INTERNAL status message"))
+# Fixed in session 8; was a strict xfail: engine/errors.py StorageIOError passed errno 0 to
+# OSError when it had none, so str() started with '[Errno 0]' ("[Errno 0] DB refuses writes
+# after an earlier failure (...)"), also in the shard's INTERNAL status message.
 def test_a_storage_error_without_an_errno_does_not_print_errno_0():
     exc = StorageIOError("DB refuses writes after an earlier failure (boom)", path="/d")
     assert "Errno 0" not in str(exc)
