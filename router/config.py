@@ -156,11 +156,11 @@ def load(path: str | None = None, *, data_dir: str | None = None, cwd: str | Non
             with open(source, "rb") as f:
                 raw = f.read()
         except OSError as exc:
-            raise ConfigError(f"config {path}: cannot read: {exc.strerror or exc}") from None
+            raise ConfigError(f"config {source}: cannot read: {exc.strerror or exc}") from None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise ConfigError(f"config {path}: not UTF-8 text") from None
+            raise ConfigError(f"config {source}: not UTF-8 text") from None
         base = os.path.dirname(source)
     try:
         doc = tomllib.loads(text)
@@ -240,8 +240,9 @@ class _Section:
         return v
 
     def address(self, key: str) -> tuple[str, int]:
+        text = self.str(key)  # its ConfigError already names file and option
         try:
-            return split_address(self.str(key))
+            return split_address(text)
         except ValueError as exc:
             self.fail(key, str(exc))
 
