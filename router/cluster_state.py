@@ -24,6 +24,7 @@ its whole life, taken with engine.vfs's FileSystem.lock.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -72,6 +73,23 @@ def control_path(data_dir: str) -> str:
     return os.path.join(data_dir, CONTROL_SOCKET)
 
 
+# errnos of a data directory the operator must fix (permissions, a read-only mount, a directory
+# or a missing directory where a file belongs): a usage error, not an I/O failure.
+_UNUSABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
+                    errno.ENOENT, errno.ELOOP, errno.ENAMETOOLONG}
+
+
+def unusable_data_dir(exc: OSError) -> bool:
+    """True if ``exc``, from creating or writing a file of the data directory, says the
+    directory cannot be used as it is (fix and retry); False for an I/O failure (full disk, EIO)."""
+    return exc.errno in _UNUSABLE_ERRNOS
+
+
+def os_reason(exc: OSError) -> str:
+    """The reason of ``exc`` alone, e.g. "Is a directory" (no errno number, no path)."""
+    return os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
+
+
 class StateError(Exception):
     """The state file is missing or unreadable. ``str()`` is one line for the user."""
 
@@ -101,11 +119,18 @@ def write_state(data_dir: str, doc: dict, fs: FileSystem | None = None) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     f = fs.open_writable(tmp)
     try:
-        f.append(json.dumps(doc, indent=1, sort_keys=True).encode())
-        f.sync()
-    finally:
-        f.close()
-    fs.rename(tmp, path)
+        try:
+            f.append(json.dumps(doc, indent=1, sort_keys=True).encode())
+            f.sync()
+        finally:
+            f.close()
+        fs.rename(tmp, path)
+    except BaseException:
+        try:
+            fs.remove(tmp)  # not left behind by a write or rename that failed
+        except OSError:
+            pass
+        raise
     fs.sync_dir(data_dir)
 
 

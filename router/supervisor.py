@@ -264,8 +264,9 @@ class Supervisor:
             os.makedirs(os.path.join(d, cs.LOG_DIR), exist_ok=True)
         except OSError as exc:
             raise StartFailure(f"cannot create data directory {d}: {exc.strerror}", "config")
+        path = cs.lock_path(d)
         try:
-            self.lock = self.fs.lock(cs.lock_path(d))
+            self.lock = self.fs.lock(path)
         except LockedError:
             owner = ""
             try:
@@ -275,6 +276,9 @@ class Supervisor:
                 pass
             raise StartFailure(f"data directory {d} is locked by a running cluster{owner}",
                                "conflict") from None
+        except OSError as exc:  # StorageIOError: EROFS, EACCES, EISDIR, EIO...
+            raise StartFailure(f"cannot open the cluster lock {path}: {cs.os_reason(exc)}",
+                               "config" if cs.unusable_data_dir(exc) else "failed") from None
 
     def _start_cluster(self) -> None:
         cfg = self.cfg

@@ -13,8 +13,11 @@ docs/cli.md, as strict xfails that pass once fixed.
   running.
 """
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -92,17 +95,19 @@ def conf(tmp_path, request):
     return c
 
 
-@pytest.mark.xfail(strict=True, reason="router/cli/lifecycle.py _check_not_running catches "
-                   "LockedError only: a lock file that cannot be opened (EROFS, EISDIR) prints "
-                   "'internal error: StorageIOError ... (SIEVEKV_DEBUG=1 shows the traceback)'")
+# Fixed in session 8; was a strict xfail: a cluster.lock that cannot be opened (EROFS, EISDIR)
+# printed 'internal error: StorageIOError ...' (lifecycle._check_not_running caught LockedError
+# only); now one line naming the file and the reason, exit 2 (a data directory to fix)
 def test_a_lock_file_that_cannot_be_opened_is_a_plain_error(conf):
     # A directory in the lock file's place fails open() with EISDIR, as a read-only data
     # directory fails it with EROFS (seen on a tmpfs remounted ro).
     (conf.parent / "data" / "cluster.lock").mkdir()
     r = sievekv("cluster", "start", "--config", str(conf), timeout=120)
-    assert r.returncode != 0 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "cluster.lock" in r.stderr
     assert "internal error" not in r.stderr, r.stderr
+    assert r.stderr == (f"sievekv: error: cannot open the cluster lock "
+                        f"{conf.parent / 'data' / 'cluster.lock'}: Is a directory\n")
 
 
 @pytest.mark.xfail(strict=True, reason="the supervisor logs 'cannot write the state file ... "
@@ -122,3 +127,29 @@ def test_a_cluster_whose_state_file_cannot_be_written_is_not_left_unstoppable(co
     # stopped with the documented command.
     assert start.returncode != 0 or stop.returncode == 0, (start.stderr, stop.stderr)
     assert left == [], (start.returncode, stop.stderr)
+
+
+def test_the_supervisor_reports_a_lock_file_it_cannot_open_as_a_start_error(tmp_path):
+    # `cluster start` checks the lock first; the supervisor's own check (a race, or a
+    # supervisor run by hand) must say the same, as an "error" event, not a traceback.
+    conf = tmp_path / "c.toml"
+    conf.write_text(TWO_SHARDS)
+    lock = tmp_path / "data" / "cluster.lock"
+    lock.mkdir(parents=True)
+    r, w = os.pipe()
+    try:
+        p = subprocess.run([sys.executable, "-m", "router.supervisor", "--config", str(conf),
+                            "--ready-fd", str(w)], pass_fds=(w,), capture_output=True,
+                           text=True, timeout=60)
+        os.close(w)
+        w = None
+        with os.fdopen(r, "rb") as f:
+            r = None
+            events = [json.loads(line) for line in f.read().splitlines()]
+    finally:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr
+    assert events == [{"event": "error", "kind": "config",
+                       "message": f"cannot open the cluster lock {lock}: Is a directory"}]

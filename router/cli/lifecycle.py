@@ -66,10 +66,12 @@ def _make_dirs(cfg: ClusterConfig) -> None:
 
 
 def _check_not_running(cfg: ClusterConfig) -> None:
-    """Fail fast (CONFLICT) if a supervisor holds the data directory's lock."""
+    """Fail fast (CONFLICT) if a supervisor holds the data directory's lock; USAGE or ERROR
+    (see cluster_state.unusable_data_dir) if the lock file cannot be opened at all."""
     _make_dirs(cfg)
+    path = cs.lock_path(cfg.data_dir)
     try:
-        FileSystem().lock(cs.lock_path(cfg.data_dir)).release()
+        FileSystem().lock(path).release()
     except LockedError:
         owner = ""
         try:
@@ -79,6 +81,9 @@ def _check_not_running(cfg: ClusterConfig) -> None:
             pass
         raise CliError(f"data directory {cfg.data_dir} is locked by a running cluster{owner}; "
                        f"stop it first with `sievekv cluster stop`", CONFLICT) from None
+    except OSError as exc:  # StorageIOError: EROFS, EACCES, EISDIR, EIO...
+        raise CliError(f"cannot open the cluster lock {path}: {cs.os_reason(exc)}",
+                       USAGE if cs.unusable_data_dir(exc) else ERROR) from None
 
 
 def _progress(args, ev: dict) -> None:
