@@ -19,6 +19,8 @@ from .errors import InvalidArgumentError
 from .format import NUM_LEVELS  # levels L0..L6, as in LevelDB and RocksDB
 
 MiB = 1 << 20
+MAX_KEY_SIZE = 1 * MiB  # why: max_key_size's doc
+MAX_PARTITION_BYTES = 1 * MiB  # why: partition_bytes' doc
 
 
 def _opt(default, doc: str, **kw):
@@ -30,12 +32,12 @@ class Options:
     """The validated options of one DB. Immutable; build with :meth:`from_kwargs`."""
 
     # -- durability and files ----------------------------------------------------------------
-    fs: Any = _opt(None, "engine.vfs.FileSystem for every file operation (None: the real one)")
+    fs: Any = _opt(None, "engine.vfs.FileSystem (or a subclass) for every file operation (None: the real one)")
     create_if_missing: bool = _opt(True, "create the DB directory and files if missing")
     error_if_exists: bool = _opt(False, "refuse to open a DB that already exists")
     sync: bool = _opt(False, "fsync the write-ahead log before a write returns (per-write override)")
     # -- limits ----------------------------------------------------------------------------------
-    max_key_size: int = _opt(64 * 1024, "largest key accepted, bytes", lo=1)
+    max_key_size: int = _opt(64 * 1024, "largest key accepted, bytes (at most 1 MiB: the DB holds a key of max_key_size + 1 bytes as its end-of-range sentinel, and a manifest snapshot is one log record of at most 4 GiB - 1 that holds every table's smallest and largest key, so 1 MiB keys still leave room for 2,048 tables)", lo=1, hi=MAX_KEY_SIZE)
     max_value_size: int = _opt(4 * MiB, "largest value accepted, bytes", lo=0)
     # -- memtable and write stalls ---------------------------------------------------------------
     memtable_bytes: int = _opt(8 * MiB, "memtable size (keys+values+16/entry) that triggers a flush", lo=1024)
@@ -66,7 +68,7 @@ class Options:
     optimize_filters_for_hits: bool = _opt(False, "build no filter for tables written to the last level")
     filter_memory_budget: Any = _opt(None, "total filter bytes for the DB, allocated across levels by Monkey (None: off); a plan for new tables, not a hard bound (engine/filter_plan.py)")
     filter_memory_cap: Any = _opt(None, "resident filter bytes; past it the coldest partitions are released (None: off)")
-    partition_bytes: int = _opt(4096, "bytes per filter partition", lo=64)
+    partition_bytes: int = _opt(4096, "target bytes per filter partition, rounded up to 4 KiB pages (64 B to 1 MiB: a partition is the unit a probe faults in and filter_memory_cap evicts, and even a table of one key gets a whole partition; RocksDB's metadata_block_size default is 4 KiB)", lo=64, hi=MAX_PARTITION_BYTES)
 
     # -------------------------------------------------------------------------------------------
     @classmethod
@@ -102,6 +104,15 @@ class Options:
                 raise InvalidArgumentError(f"option {f.name} must be a {kind.__name__}, got {v!r}")
             if v < lo or not math.isfinite(v):
                 raise InvalidArgumentError(f"option {f.name} must be >= {lo} and finite, got {v!r}")
+            hi = f.metadata.get("hi")
+            if hi is not None and v > hi:
+                raise InvalidArgumentError(f"option {f.name} must be <= {hi}, got {v!r}")
+        if self.fs is not None:
+            from .vfs import FileSystem  # lazy: only a custom fs needs the class
+
+            if not isinstance(self.fs, FileSystem):
+                raise InvalidArgumentError(
+                    f"option fs must be None or an engine.vfs.FileSystem, got {type(self.fs).__name__}")
         for f in fields(self):  # every switch (a listed subset missed new ones: "false" is truthy)
             if type(f.default) is bool and not isinstance(getattr(self, f.name), bool):
                 raise InvalidArgumentError(
@@ -121,7 +132,7 @@ class Options:
             if items is None:
                 raise InvalidArgumentError("option bits_per_key_per_level must be a list or a dict")
             for level, bits in items:
-                if not isinstance(level, int) or not 0 <= level < NUM_LEVELS:
+                if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < NUM_LEVELS:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad level {level!r}")
                 if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 <= bits < math.inf:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad bits {bits!r} for level {level}")
@@ -132,10 +143,13 @@ class Options:
         open, accept writes, and fail its first flush."""
         if self.filter_policy is None:
             return
-        from .filters.base import MAX_BITS_PER_KEY  # lazy: engine.filters imports numpy
+        from .filters.base import MAX_BITS_PER_KEY, UnknownFilterPolicy  # lazy: numpy
         from .filters.registry import lookup_class
 
-        lookup_class(self.filter_policy)
+        try:
+            lookup_class(self.filter_policy)
+        except UnknownFilterPolicy as exc:
+            raise UnknownFilterPolicy(f"option filter_policy: {exc}") from None
         per = self.bits_per_key_per_level
         values = list(per.values() if isinstance(per, dict) else per or ())
         for bits in [self.bits_per_key, *values]:

@@ -65,10 +65,9 @@ def _check(db, model: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Bugs (strict xfails)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/options.py:69 partition_bytes has a lower bound only: DB.open(partition_bytes=2**40) "
-    "opens and takes writes, and the first flush fails the DB for good (the filter builder asks "
-    "numpy for an 8 TiB bit array), which _validate_filters' docstring says must not happen"))
+# Fixed in session 8; was a strict xfail: partition_bytes had a lower bound only:
+# DB.open(partition_bytes=2**40) opened and took writes, and the first flush failed the DB for
+# good (numpy asked for an 8 TiB bit array); now at most 1 MiB.
 def test_an_unbuildable_partition_size_is_refused_at_open(tmp_path):
     try:
         db = DB.open(tmp_path / "db", table_workers=0, partition_bytes=2 ** 40)
@@ -79,36 +78,31 @@ def test_an_unbuildable_partition_size_is_refused_at_open(tmp_path):
     pytest.fail("DB.open accepted partition_bytes=2**40")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/options.py:38 max_key_size has no upper bound and engine/db.py:118 allocates a "
-    "sentinel of max_key_size + 1 bytes at open: 2**62 raises MemoryError, not "
-    "InvalidArgumentError (keys over 2**32-1 bytes cannot be logged anyway: the batch's key "
-    "length is a u32)"))
+# Fixed in session 8; was a strict xfail: max_key_size had no upper bound: max_key_size=2**62
+# raised MemoryError at open (the DB's sentinel key of max_key_size + 1 bytes), not
+# InvalidArgumentError; now at most 1 MiB.
 def test_max_key_size_beyond_what_the_log_can_hold_is_an_invalid_argument(tmp_path):
     with pytest.raises(InvalidArgumentError, match="max_key_size"):
         DB.open(tmp_path / "db", table_workers=0, max_key_size=2 ** 62)
     assert not os.path.exists(tmp_path / "db")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/options.py _validate never checks fs: DB.open(fs='x') raises AttributeError "
-    "('str' object has no attribute 'exists') instead of InvalidArgumentError naming fs"))
+# Fixed in session 8; was a strict xfail: fs was never type-checked: DB.open(fs='x') raised
+# AttributeError, not InvalidArgumentError naming fs.
 def test_a_file_system_of_the_wrong_type_is_an_invalid_argument(tmp_path):
     with pytest.raises(InvalidArgumentError, match="fs"):
         DB.open(tmp_path / "db", fs="x")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/filters/registry.py:34 lookup_class: an unknown filter_policy raises \"unknown filter "
-    "policy 'nope'\", which does not name the option (every other option's message does)"))
+# Fixed in session 8; was a strict xfail: an unknown filter_policy raised "unknown filter
+# policy 'nope'", which did not name the option.
 def test_an_unknown_filter_policy_names_the_option(tmp_path):
     with pytest.raises(InvalidArgumentError, match="filter_policy"):
         DB.open(tmp_path / "db", filter_policy="nope")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/options.py:124 checks a level with isinstance(level, int), which True passes: "
-    "bits_per_key_per_level={True: 3} is taken as level 1 (bits that are bools are refused)"))
+# Fixed in session 8; was a strict xfail: bits_per_key_per_level={True: 3} was taken as
+# level 1 (True passed isinstance(level, int)).
 def test_a_bool_level_in_bits_per_key_per_level_is_refused(tmp_path):
     with pytest.raises(InvalidArgumentError, match="bits_per_key_per_level"):
         DB.open(tmp_path / "db", table_workers=0, bits_per_key_per_level={True: 3})
@@ -179,6 +173,28 @@ def test_a_batch_over_the_log_record_limit_is_not_a_log_failure(tmp_path, monkey
 # ---------------------------------------------------------------------------------------------
 # Checked and held
 # ---------------------------------------------------------------------------------------------
+def test_the_upper_bounds_of_max_key_size_and_partition_bytes_are_usable(tmp_path):
+    """max_key_size and partition_bytes at their maxima (1 MiB each) open, write, flush and read
+    back; one past is refused naming the option, and so is a level key that is a bool."""
+    from engine.options import MAX_KEY_SIZE, MAX_PARTITION_BYTES
+
+    for name, hi in (("max_key_size", MAX_KEY_SIZE), ("partition_bytes", MAX_PARTITION_BYTES)):
+        with pytest.raises(InvalidArgumentError, match=f"option {name} must be <= {hi}"):
+            DB.open(tmp_path / "refused", **{name: hi + 1})
+    assert not os.path.exists(tmp_path / "refused")
+    big = b"\xff" * MAX_KEY_SIZE
+    with DB.open(tmp_path / "db", table_workers=0, max_key_size=MAX_KEY_SIZE,
+                 partition_bytes=MAX_PARTITION_BYTES) as db:
+        db.put(big, b"v")
+        db.put(b"a", b"1")
+        db.flush()
+        assert db.get(big) == b"v" and db.get(b"a") == b"1" and db.get(b"b") is None
+        tables = [t for lv in db.filter_report()["levels"] for t in lv["tables"]]
+        assert [t["filter_bytes"] for t in tables] == [MAX_PARTITION_BYTES]
+    with pytest.raises(InvalidArgumentError, match="bits_per_key_per_level"):
+        DB.open(tmp_path / "db", bits_per_key_per_level={False: 3})
+
+
 CHANGES = [
     dict(block_size=256), dict(block_size=65536), dict(restart_interval=16),
     dict(data_block_hash_index=False), dict(bits_per_key=1.0), dict(bits_per_key=0.0),
