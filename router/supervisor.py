@@ -176,6 +176,7 @@ class Supervisor:
         self.started_at = time.time()
         self.starting_up = True
         self.unsaved = False  # the last save() failed; _tick tries again
+        self.save_error: OSError | None = None  # why it failed
         # Seconds from SIGTERM to SIGKILL when stopping; `cluster stop --timeout` sets it.
         self.stop_timeout = cfg.supervisor.stop_timeout
 
@@ -211,14 +212,26 @@ class Supervisor:
             cs.write_state(self.cfg.data_dir, doc, self.fs)
         except OSError as exc:  # StorageIOError too: a full or failing disk
             # The processes keep serving: a state file that cannot be written (ENOSPC) must not
-            # take the cluster down. It is written again at the next tick (see _tick).
+            # take a running cluster down. It is written again at the next tick (see _tick).
+            # While starting, _check_saved fails the start instead.
             if not self.unsaved:
-                _log(f"cannot write the state file: {exc}; retrying")
-            self.unsaved = True
+                _log(f"cannot write the state file: {exc}"
+                     + ("" if self.starting_up else "; retrying"))
+            self.unsaved, self.save_error = True, exc
             return
         if self.unsaved:
             _log("state file written again")
-        self.unsaved = False
+        self.unsaved, self.save_error = False, None
+
+    def _check_saved(self) -> None:
+        """While starting: raise StartFailure if the last save() failed. A cluster whose state
+        file does not record its processes cannot be found by `cluster stop` or `status`, so it
+        must not be reported up."""
+        if self.unsaved:
+            exc = self.save_error
+            raise StartFailure(f"cannot write the state file {cs.state_path(self.cfg.data_dir)}: "
+                               f"{cs.os_reason(exc)}",
+                               "config" if cs.unusable_data_dir(exc) else "failed")
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -238,9 +251,13 @@ class Supervisor:
         except Exception as exc:  # an unexpected failure still leaves nothing running
             _log(traceback.format_exc())
             return self._abort(f"supervisor failed: {exc}", "failed")
-        self.starting_up = False
         self.state = "running"
         self.save()
+        try:
+            self._check_saved()
+        except StartFailure as exc:
+            return self._abort(str(exc), exc.kind)
+        self.starting_up = False
         _log(f"cluster ready: router on {self.cfg.router.address}")
         self.report(event="ready", router=self.cfg.router.address, shards=len(self.cfg.shards),
                     data_dir=self.cfg.data_dir, pid=os.getpid())
@@ -297,15 +314,18 @@ class Supervisor:
         router = Child(launch.router_spec(cfg), policy, t)
         self.children = shards + [router]
         self.save()
+        self._check_saved()  # before any process is started
         for group in (shards, [router]):
             for c in group:
                 os.makedirs(c.spec.data_dir or cfg.data_dir, exist_ok=True)
                 self._spawn(c)
             self.save()
+            self._check_saved()
             while any(c.status != ProcStatus.SERVING for c in group):
                 if self.terminate:
                     raise StartFailure("interrupted while starting", "failed")
                 self._tick()
+                self._check_saved()
                 time.sleep(TICK / 2)
 
     def _abort(self, message: str, kind: str) -> int:
