@@ -11,18 +11,24 @@ filter_report(): per level and per table the table's own filter accounting
 (``Table.filter_stats``: bytes on disk, mapped, resident as measured by the OS, partitions,
 probes, negatives, positives, true positives, errors) plus:
 
-- ``expected_fpr``: the policy's theoretical FPR at the table's bits per key;
+- ``expected_fpr``: the theoretical FPR of the policy the table was built with (its stored
+  ``filter_policy``, not the one configured now) at the table's bits per key; 1.0 for a table
+  without a filter or with a policy this build cannot decode (every probe may match);
 - ``observed_fpr`` = FP / (FP + negatives), FP = positives - true positives: the fraction of
   probes for absent keys that the filter failed to reject (Table.filter_stats' definition;
   the same as (positives - TP) / (negatives + positives - TP));
 - ``false_ratio`` = FP / (FP + TP) (Cassandra's "bloom filter false ratio": the share of
   "may match" answers that were wrong);
-- totals per level and for the DB;
+- totals per level and for the DB: the counts and bytes summed; ``bits_per_key``, the
+  key-weighted mean of the tables' ``bits_per_key`` (the configured bits, 0 for a table without
+  a filter: what a table row means by it); ``effective_bits_per_key`` = 8 x ``filter_bytes`` /
+  ``keys``, the bits actually held (whole 4 KiB pages, so above the configured bits for small
+  tables);
 - ``budget``: Monkey's allocation for the current shape of the DB beside uniform bits per key
   at the same memory (the budget, or without one the bits per key x keys the tables were built
   for), as expected wasted table reads per missing-key lookup, and the same figure for the
-  filters the tables actually have (per run the entry-weighted mean of its tables' FPRs, 1 for
-  a table without a filter). Each run's FPR counts with its ``coverage``, the estimated share
+  filters the tables actually have (per run the entry-weighted mean of its tables'
+  ``expected_fpr``, each from the table's own policy, 1 for a table without a filter). Each run's FPR counts with its ``coverage``, the estimated share
   of missing-key lookups that probe it (engine/filter_plan.py ``coverage_of``: a level whose
   tables span part of the key range is probed only there); the filter bytes held (whole
   pages) against the budget, and per run its filter bytes and tables without a filter;
@@ -34,9 +40,10 @@ for statistics).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
-from .filter_plan import current_allocation, fpr_function
+from .filter_plan import current_allocation, policy_fpr
 
 
 @dataclass
@@ -201,9 +208,23 @@ def _total(rows: list[dict]) -> dict:
     tot = {k: sum((r.get(k) or 0) for r in rows) for k in _SUM_KEYS}
     tot["tables"] = len(rows)
     keys = tot["keys"]
-    tot["bits_per_key"] = (8 * tot["filter_bytes"] / keys) if keys else 0.0
+    # The same quantity as a row's bits_per_key (configured), weighted by keys; the bits held
+    # (whole pages) are effective_bits_per_key, as in the tables' properties.
+    tot["bits_per_key"] = (sum((r.get("bits_per_key") or 0) * (r.get("keys") or 0) for r in rows)
+                           / keys) if keys else 0.0
+    tot["effective_bits_per_key"] = (8 * tot["filter_bytes"] / keys) if keys else 0.0
     _ratios(tot)
     return tot
+
+
+@functools.lru_cache(maxsize=256)
+def _table_fpr(policy: str | None, known: bool, bits_per_key: float) -> float:
+    """Expected FPR of a table's filter: the policy it was built with (its stored name) at its
+    bits per key; 1.0 without a filter or for a policy this build cannot decode (its probes
+    all answer "may match")."""
+    if not policy or not known:
+        return 1.0
+    return policy_fpr(policy, bits_per_key)
 
 
 def filter_report(db) -> dict:
@@ -212,15 +233,16 @@ def filter_report(db) -> dict:
         from .errors import ClosedError
         raise ClosedError("DB is closed")
     opts = db.options
-    fpr_of = fpr_function(opts)
     live = _live_tables(rs)
     per_level: dict[int, list[dict]] = {}
+    fpr_by_file: dict[int, float] = {}
     for level, f, t in live:
         row = t.filter_stats()
         row["file_number"] = f.number
         row["level"] = level
         row["bits_per_key"] = f.filter_bits_per_key
-        row["expected_fpr"] = fpr_of(f.filter_bits_per_key) if row["policy"] else 1.0
+        row["expected_fpr"] = fpr_by_file[f.number] = _table_fpr(
+            row["policy"], row["policy_known"], f.filter_bits_per_key)
         _ratios(row)
         per_level.setdefault(level, []).append(row)
     levels = []
@@ -229,7 +251,7 @@ def filter_report(db) -> dict:
         levels.append({"level": level, "totals": _total(rows), "tables": rows})
     all_rows = [r for rows in per_level.values() for r in rows]
     alloc, ids, runs, cov = current_allocation(opts, rs.version.levels)
-    actual = _actual_runs(rs.version.levels, ids, fpr_of)
+    actual = _actual_runs(rs.version.levels, ids, fpr_by_file)
     held = sum(f.filter_bytes for files in rs.version.levels for f in files)
     budget_bytes = opts.filter_memory_budget
     budget = {
@@ -277,10 +299,11 @@ _BUDGET_NOTE = (
     "filter_memory_cap bounds resident filter memory")
 
 
-def _actual_runs(levels, ids, fpr_of) -> list[dict]:
+def _actual_runs(levels, ids, fpr_by_file: dict[int, float]) -> list[dict]:
     """Per run: the entry-weighted bits per key its tables were built with, its expected FPR
-    (the entry-weighted mean of its tables' FPRs: a miss probes the one table whose range holds
-    the key, a table without a filter counts 1), filter bytes, and tables without a filter."""
+    (the entry-weighted mean of its tables' FPRs, ``fpr_by_file[number]``, each from the
+    table's own policy: a miss probes the one table whose range holds the key, a table without
+    a filter counts 1), filter bytes, and tables without a filter."""
     out = []
     for level, i in ids:
         files = [levels[0][i]] if level == 0 else list(levels[level])
@@ -288,7 +311,7 @@ def _actual_runs(levels, ids, fpr_of) -> list[dict]:
         bits = fpr = 0.0
         if n:
             bits = sum(f.filter_bits_per_key * f.num_entries for f in files) / n
-            fpr = sum(fpr_of(f.filter_bits_per_key) * f.num_entries for f in files) / n
+            fpr = sum(fpr_by_file.get(f.number, 1.0) * f.num_entries for f in files) / n
         out.append({"bits_per_key": bits, "fpr": fpr,
                     "filter_bytes": sum(f.filter_bytes for f in files),
                     "tables_without_filter": sum(1 for f in files

@@ -108,27 +108,34 @@ def test_a_bool_level_in_bits_per_key_per_level_is_refused(tmp_path):
         DB.open(tmp_path / "db", table_workers=0, bits_per_key_per_level={True: 3})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/reports.py filter_report (fpr_of = fpr_function(opts)) computes every table's "
-    "expected_fpr (and the budget's actual_fpr, _actual_runs) with the policy now configured, "
-    "not the one the table was built with: "
-    "blocked-Bloom tables reopened with filter_policy=None are reported at the classic FPR "
-    "(0.0082 instead of 0.0096 at 10 bits per key)"))
+# Fixed in session 8; was a strict xfail: filter_report computed every table's expected_fpr
+# (and the budget's actual_fpr) with the policy configured now, not the table's own: blocked-Bloom
+# tables reopened with filter_policy=None were reported at the classic FPR (0.0082, not 0.0096).
 def test_expected_fpr_follows_each_tables_own_policy(tmp_path):
     path = tmp_path / "db"
     _build(path)  # default policy: blocked Bloom, 10 bits per key
     with DB.open(path, **SMALL, filter_policy=None) as db:
-        rows = [t for lv in db.filter_report()["levels"] for t in lv["tables"]]
+        rep = db.filter_report()
+    rows = [t for lv in rep["levels"] for t in lv["tables"]]
     assert rows and all(r["policy"] == "sievekv.BlockedBloomFilter.v1" for r in rows)
     for r in rows:
         assert r["expected_fpr"] == pytest.approx(policy_fpr(r["policy"], r["bits_per_key"]))
+    # The budget's actual FPR per run: the entry-weighted mean of its tables' expected_fpr.
+    runs = rep["budget"]["runs"]
+    by_level = {lv["level"]: lv["tables"] for lv in rep["levels"]}
+    assert [r["level"] for r in runs if r["level"] > 0] == sorted(lv for lv in by_level if lv > 0)
+    for run in runs:
+        ts = by_level[run["level"]]
+        if run["level"] == 0:
+            ts = [ts[run["l0_index"]]]
+        want = sum(t["expected_fpr"] * t["keys"] for t in ts) / sum(t["keys"] for t in ts)
+        assert run["actual_fpr"] == pytest.approx(want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/reports.py _total: a level's (and the DB's) totals['bits_per_key'] is 8 x page-rounded "
-    "filter bytes / keys, while each table's 'bits_per_key' is the configured bits: the same "
-    "name, two quantities (here ~117 against 10); the tables' page-rounded figure is "
-    "'effective_bits_per_key'"))
+# Fixed in session 8; was a strict xfail: a level's (and the DB's) totals['bits_per_key'] was
+# 8 x page-rounded filter bytes / keys (~117 here) while a table's is the configured bits (10);
+# totals now key-weight the tables' bits_per_key and call the page-rounded figure
+# effective_bits_per_key, as the tables do.
 def test_level_totals_bits_per_key_mean_what_the_tables_bits_per_key_mean(tmp_path):
     with DB.open(tmp_path / "db", **SMALL) as db:
         for i in range(300):
@@ -140,6 +147,9 @@ def test_level_totals_bits_per_key_mean_what_the_tables_bits_per_key_mean(tmp_pa
         weighted = sum(r["bits_per_key"] * r["keys"] for r in rows) / sum(r["keys"] for r in rows)
         assert weighted == pytest.approx(10.0)
         assert lv["totals"].get("bits_per_key", weighted) == pytest.approx(weighted)
+        held = 8 * sum(r["filter_bytes"] for r in rows) / sum(r["keys"] for r in rows)
+        assert lv["totals"]["effective_bits_per_key"] == pytest.approx(held)
+    assert rep["totals"]["bits_per_key"] == pytest.approx(10.0)
 
 
 # Fixed in session 8; was a strict xfail: engine/errors.py StorageIOError passed errno 0 to
