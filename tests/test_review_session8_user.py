@@ -57,6 +57,16 @@ def test_an_unreadable_config_is_named_by_its_absolute_path(capsys, tmp_path, mo
     assert err.startswith(f"sievekv: error: config {tmp_path / 'c.toml'}: "), err
 
 
+# docs/cli.md: "Every failure prints exactly one line on stderr"; a bare `sievekv` printed the
+# whole help there (exit 2). Now one line, like `sievekv cluster`.
+@pytest.mark.parametrize("argv", [[], ["--config", "c.toml"]], ids=["bare", "options-only"])
+def test_a_missing_command_is_one_line(capsys, argv):
+    code, err = run(capsys, argv)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("sievekv: error: missing COMMAND: cluster, put, get, "), err
+    assert err.endswith(" or config (see `sievekv --help`)\n"), err
+
+
 def _kill_everything_under(path: str) -> None:
     """SIGKILL every process whose command line mentions ``path`` (a fresh tmp directory, so
     only what this test started)."""

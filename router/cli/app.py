@@ -249,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(fsub, "check", report_cmds.cmd_config_check,
             "validate the effective config (as `config show` resolves it) and print it "
             "resolved, as JSON")
+    root.commands = tuple(sub.choices)  # for the error of a bare `sievekv`
     return root
 
 
@@ -258,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        if not hasattr(args, "func"):
-            parser.print_help(sys.stderr)
-            return USAGE
+        if not hasattr(args, "func"):  # bare `sievekv`: one line, like `sievekv cluster`
+            names = list(parser.commands)
+            parser.error(f"missing COMMAND: {', '.join(names[:-1])} or {names[-1]}")
         _check_root_options(args)
         code = args.func(args)
         sys.stdout.flush()
