@@ -5,24 +5,34 @@ Steps:
 
 1. ``flush()``: every write acknowledged before the call is in a table. Writes made while the
    checkpoint runs may or may not be in it.
-2. Stage everything in ``<dest>.checkpoint-tmp`` (``STAGING_SUFFIX``), created next to ``dest``.
-3. Under the DB's version lock (no flush or compaction installs a version meanwhile, so no file
+2. Claim the staging directory ``<dest>.checkpoint-tmp`` (``STAGING_SUFFIX``) next to
+   ``dest``: create it (or take over one a crashed checkpoint left) and hold an ``flock`` on
+   the marker file ``STAGING_MARKER`` inside it for the whole call. A staging directory whose
+   marker another call (in any process) holds means that call is writing ``dest``: refused with
+   AlreadyExistsError. One without a marker is not ours: refused, never deleted (it may be a
+   user's directory, or a DB). One with an unheld marker is a crashed checkpoint's: its files
+   are removed and it is reused. Claiming comes before the flush, so an unwritable destination
+   fails at once.
+3. ``flush()``: every write acknowledged before the call is in a table. Writes made while the
+   checkpoint runs may or may not be in it.
+4. Under the DB's version lock (no flush or compaction installs a version meanwhile, so no file
    of the current one is removed): capture the version and the manifest's log number, next
    file number, last sequence and compact pointers, and hard-link every live table into the
    staging directory. Where the file system refuses a link (``dest`` on another file system:
    EXDEV; one without hard links: EPERM, ENOTSUP, ...), the table is opened instead: an open
    descriptor keeps its bytes even if a compaction removes the file once the lock is released.
-4. Outside the lock: copy the opened tables (1 MiB reads, then fsync), write a manifest that
+5. Outside the lock: copy the opened tables (1 MiB reads, then fsync), write a manifest that
    describes the captured version and ``CURRENT`` (``Manifest.write_snapshot``), fsync the
-   staging directory, rename it to ``dest``, fsync ``dest``'s parent.
+   staging directory, rename it to ``dest`` (refused if ``dest`` appeared meanwhile), fsync
+   ``dest``'s parent, remove the marker, release the lock.
 
 While it runs, ``stats()["checkpoint_running"]`` shows its progress (``Progress.report``:
 tables and bytes linked or copied so far). One checkpoint runs per process at a time; a second
-waits for the first.
+waits for the first (then finds ``dest`` taken, if it named the same one).
 
-A failure or a crash leaves no partial ``dest``: only the staging directory, which a failed
-call removes and the next checkpoint to the same ``dest`` clears (if it holds nothing but
-files a checkpoint writes; anything else there is refused, never deleted).
+A failure removes the staging directory; a crash leaves it (with its marker) for the next
+checkpoint to the same ``dest``, never a partial ``dest``. A crash between the rename and the
+marker's removal leaves ``dest`` complete, with the marker file in it (ignored by the DB).
 
 No log is copied: a checkpoint holds the flushed state and replays nothing when opened; open
 it with any options. Linked tables share the source's disk blocks, so a checkpoint costs no
@@ -38,11 +48,12 @@ import threading
 import time
 
 from . import filenames
-from .errors import InvalidArgumentError, StorageIOError
+from .errors import AlreadyExistsError, InvalidArgumentError, LockedError, StorageIOError
 from .manifest import Manifest
 from .progress import Progress
 
 STAGING_SUFFIX = ".checkpoint-tmp"
+STAGING_MARKER = "CHECKPOINT-STAGING.lock"  # flocked while a checkpoint writes its staging dir
 COPY_CHUNK_BYTES = 1 << 20
 
 _lock = threading.Lock()  # one checkpoint per process at a time (one progress to show)
@@ -61,9 +72,11 @@ def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
     ``create_parents``: create missing parent directories (each synced into its own parent)
     instead of refusing.
 
-    Raises InvalidArgumentError if ``dest`` exists, its parent does not, it lies inside the
-    DB's directory, or a leftover staging directory holds foreign files; ClosedError if the DB
-    is closed; StorageIOError if the file system fails (nothing is left at ``dest`` then).
+    Raises AlreadyExistsError (an InvalidArgumentError) if ``dest`` exists or another
+    checkpoint is writing it; InvalidArgumentError if its parent does not exist, it lies inside
+    the DB's directory, it cannot be created (permissions, a read-only file system, a file in
+    the way) or a staging directory that is not a checkpoint's is in the way; ClosedError if
+    the DB is closed; StorageIOError if the file system fails (nothing is left at ``dest``).
     """
     with _lock:
         try:
@@ -77,11 +90,10 @@ def _checkpoint(db, dest, create_parents: bool) -> dict:
     fs = db._fs
     dest = _check_dest(db, dest, create_parents)
     staging = dest + STAGING_SUFFIX
-    db.flush()
-    _clear_staging(fs, staging)
-    fs.makedirs(staging)
+    claim = _claim_staging(fs, staging, dest)
     opened = []
     try:
+        db.flush()
         with db._version_lock:
             version = db._version
             m = db._manifest
@@ -112,18 +124,30 @@ def _checkpoint(db, dest, create_parents: bool) -> dict:
                                 next_file_number=next_number, last_sequence=last_seq,
                                 compact_pointers=pointers)
         fs.sync_dir(staging)
+        if os.path.lexists(dest):  # (rename would replace an empty directory someone made)
+            raise AlreadyExistsError(f"checkpoint destination {dest} appeared while the "
+                                     "checkpoint ran; nothing was overwritten")
         fs.rename(staging, dest)
-        fs.sync_dir(os.path.dirname(dest))
     except BaseException:
         for _, src in opened:
             src.close()
-        try:
-            _clear_staging(fs, staging)
+        try:  # ours (we hold its marker): nobody else reads or writes it
+            for name in fs.listdir(staging):
+                if name != STAGING_MARKER:
+                    fs.remove(os.path.join(staging, name))
+            fs.remove(os.path.join(staging, STAGING_MARKER))
+            fs.rmdir(staging)
         except Exception:
-            pass  # the next checkpoint to this dest clears it
+            pass  # left with its marker: the next checkpoint to this dest clears it
+        claim.release()
         raise
-    for _, src in opened:
-        src.close()
+    try:
+        fs.sync_dir(os.path.dirname(dest))
+        fs.remove(os.path.join(dest, STAGING_MARKER))
+    finally:
+        claim.release()
+        for _, src in opened:
+            src.close()
     return {"path": dest, "tables": len(files), "bytes": sum(f.size for f in files),
             "linked": linked, "copied": len(opened), "last_sequence": last_seq,
             "seconds": round(time.monotonic() - t0, 3)}
@@ -137,7 +161,7 @@ def _check_dest(db, dest, create_parents: bool) -> str:
         raise InvalidArgumentError(f"checkpoint destination must be a path, got {dest!r}")
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
-        raise InvalidArgumentError(f"checkpoint destination {dest} already exists; "
+        raise AlreadyExistsError(f"checkpoint destination {dest} already exists; "
                                    "name a directory that does not exist yet")
     home = os.path.realpath(db.path)
     real = os.path.realpath(dest)
@@ -148,8 +172,11 @@ def _check_dest(db, dest, create_parents: bool) -> str:
     if create_parents and not os.path.lexists(parent):
         _make_parents(db._fs, parent)
     if not os.path.isdir(parent):
-        raise InvalidArgumentError(f"checkpoint destination's parent {parent} is not a "
-                                   "directory; create it first")
+        if os.path.lexists(parent):
+            raise InvalidArgumentError(f"checkpoint destination's parent {parent} is not a "
+                                       "directory")
+        raise InvalidArgumentError(f"checkpoint destination's parent {parent} does not "
+                                   "exist; create it first")
     return dest
 
 
@@ -160,26 +187,58 @@ def _make_parents(fs, path: str) -> None:
         missing.append(path)
         path = os.path.dirname(path)
     for d in reversed(missing):
-        fs.makedirs(d)
+        try:
+            fs.makedirs(d)
+        except StorageIOError as exc:
+            raise _path_error(exc, d) from None
         fs.sync_dir(os.path.dirname(d))
 
 
-def _clear_staging(fs, staging: str) -> None:
-    """Remove a staging directory left by a failed or crashed checkpoint, if it holds only
-    files a checkpoint writes (tables, a manifest, CURRENT and their temp files)."""
-    if not os.path.lexists(staging):
-        return
-    if not os.path.isdir(staging) or os.path.islink(staging):
-        raise InvalidArgumentError(f"{staging} exists and is not a checkpoint's staging "
-                                   "directory; remove it or choose another destination")
-    names = fs.listdir(staging)
-    foreign = [n for n in names if filenames.parse_file_name(n) is None]
-    if foreign:
-        raise InvalidArgumentError(f"{staging} holds files a checkpoint does not write "
-                                   f"({foreign[0]}); remove it or choose another destination")
-    for n in names:
-        fs.remove(os.path.join(staging, n))
-    fs.rmdir(staging)
+def _claim_staging(fs, staging: str, dest: str):
+    """Create or take over the staging directory and return the held lock on its marker
+    (module docstring, step 2). Raises AlreadyExistsError if another checkpoint holds it,
+    InvalidArgumentError if it is not a checkpoint's staging directory or cannot be made."""
+    marker = os.path.join(staging, STAGING_MARKER)
+    if os.path.lexists(staging):
+        if (not os.path.isdir(staging) or os.path.islink(staging)
+                or (not os.path.exists(marker) and os.listdir(staging))):
+            raise InvalidArgumentError(
+                f"{staging} exists and is not a checkpoint's staging directory (no "
+                f"{STAGING_MARKER}); remove it or choose another destination")
+    else:
+        try:
+            fs.makedirs(staging)
+        except StorageIOError as exc:
+            raise _path_error(exc, staging) from None
+    try:
+        lock = fs.lock(marker)
+    except LockedError:
+        raise AlreadyExistsError(f"another checkpoint is writing {dest} now (its staging "
+                                 f"directory {staging} is in use)") from None
+    except StorageIOError as exc:
+        if exc.errno == errno.ENOENT:  # the other checkpoint renamed it away just now
+            raise AlreadyExistsError(f"another checkpoint just wrote {dest}") from None
+        raise _path_error(exc, staging) from None
+    try:  # a crashed checkpoint's leftovers (the marker was not held)
+        for name in fs.listdir(staging):
+            if name != STAGING_MARKER:
+                fs.remove(os.path.join(staging, name))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+# errnos of a destination the operator named wrongly (not a failing disk): InvalidArgumentError
+_PATH_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                          errno.ENOENT, errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def _path_error(exc: StorageIOError, path: str) -> Exception:
+    if exc.errno in _PATH_ERRNOS:
+        return InvalidArgumentError(f"cannot create checkpoint directory {path}: "
+                                    f"{os.strerror(exc.errno)}")
+    return exc
 
 
 def _copy(fs, src, path: str, size: int, progress: Progress) -> None:

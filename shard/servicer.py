@@ -194,7 +194,8 @@ class AdminServicer:
 
     def Checkpoint(self, request, context):
         """DB.checkpoint to ``request.dir`` on this host: absolute, not existing yet
-        (ALREADY_EXISTS otherwise); missing parents are created. A backend without
+        (the engine's AlreadyExistsError: ALREADY_EXISTS, also while another call writes it);
+        missing parents are created. A backend without
         checkpoints answers UNIMPLEMENTED."""
         checkpoint = getattr(self.db, "checkpoint", None)
         if checkpoint is None:
@@ -205,9 +206,6 @@ class AdminServicer:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                               "checkpoint directory must be an absolute "
                               f"path on the shard's host, got {path!r}")
-        if os.path.lexists(path):
-            raise StatusError(grpc.StatusCode.ALREADY_EXISTS,
-                              f"checkpoint directory {path} already exists")
         report = checkpoint(path, create_parents=True)  # via the router: <dir>/<shard name>
         return pb.AdminResponse(shards=[pb.ShardSection(
             shard=self.name, address=self.address, ok=True,

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from engine import DB
-from engine.checkpoint import STAGING_SUFFIX
-from engine.errors import ClosedError, InvalidArgumentError, StorageIOError
+from engine.checkpoint import STAGING_MARKER, STAGING_SUFFIX
+from engine.errors import AlreadyExistsError, ClosedError, InvalidArgumentError, StorageIOError
 from engine.vfs import FileSystem
 from router.client import Client
 from router.client_errors import PartialAdminError
@@ -61,6 +61,7 @@ def test_a_checkpoint_opens_with_every_acknowledged_write_and_is_independent(tmp
         assert r["bytes"] == sum(os.path.getsize(tmp_path / "ck" / n)
                                  for n in os.listdir(tmp_path / "ck") if n.endswith(".sst"))
         assert not os.path.exists(str(tmp_path / "ck") + STAGING_SUFFIX)
+        assert STAGING_MARKER not in os.listdir(tmp_path / "ck")
         assert not [n for n in os.listdir(tmp_path / "ck") if n.endswith(".log")]
         # The source goes on: new writes and a full compaction (which deletes every table the
         # checkpoint linked) change nothing in the checkpoint.
@@ -122,10 +123,14 @@ def test_bad_destinations_are_refused_and_nothing_is_written(tmp_path):
     try:
         _fill(db, 500)
         (tmp_path / "taken").mkdir()
-        with pytest.raises(InvalidArgumentError, match="already exists"):
+        with pytest.raises(AlreadyExistsError, match="already exists"):
             db.checkpoint(tmp_path / "taken")
-        with pytest.raises(InvalidArgumentError, match="parent .* is not a directory"):
+        with pytest.raises(InvalidArgumentError, match="parent .* does not exist"):
             db.checkpoint(tmp_path / "no" / "such" / "ck")
+        (tmp_path / "file").write_text("x")
+        with pytest.raises(InvalidArgumentError, match="parent .*file is not a directory"):
+            db.checkpoint(tmp_path / "file" / "ck")
+        (tmp_path / "file").unlink()
         assert not (tmp_path / "no").exists()
         with pytest.raises(InvalidArgumentError, match="inside the DB's directory"):
             db.checkpoint(tmp_path / "db" / "ck")
@@ -152,15 +157,17 @@ def test_a_leftover_staging_directory_is_cleared_but_foreign_files_are_never_del
         model = _fill(db, 800)
         staging = str(tmp_path / "ck") + STAGING_SUFFIX
         os.mkdir(staging)  # what a crash between link and rename leaves behind
-        for name in ("000007.sst", "MANIFEST-000009", "CURRENT"):
+        for name in ("000007.sst", "MANIFEST-000009", "CURRENT", STAGING_MARKER):
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(b"partial")
         db.checkpoint(tmp_path / "ck")
         assert not os.path.exists(staging)
+        # A directory at the staging path without the marker is not a checkpoint's: refused,
+        # nothing in it deleted (it may be a user's directory, a DB, a finished checkpoint).
         os.mkdir(str(tmp_path / "ck2") + STAGING_SUFFIX)
         with open(os.path.join(str(tmp_path / "ck2") + STAGING_SUFFIX, "notes.txt"), "w") as f:
             f.write("mine")
-        with pytest.raises(InvalidArgumentError, match="notes.txt"):
+        with pytest.raises(InvalidArgumentError, match="not a checkpoint's staging directory"):
             db.checkpoint(tmp_path / "ck2")
         assert os.path.exists(os.path.join(str(tmp_path / "ck2") + STAGING_SUFFIX, "notes.txt"))
         assert not (tmp_path / "ck2").exists()
@@ -371,3 +378,13 @@ def test_a_checkpoint_that_copies_shows_its_progress_in_stats(tmp_path):
     finally:
         db.close()
     assert _content(tmp_path / "ck") == model
+
+
+def test_cli_exit_codes_for_a_path_no_shard_can_use(cluster, tmp_path):
+    cfg = ["--config", cluster["conf"]]
+    (tmp_path / "a-file").write_text("x")
+    for bad in (tmp_path / "a-file" / "ck", "/proc/sievekv-ck"):
+        r = sievekv("checkpoint", str(bad), *cfg)
+        assert r.returncode == 2, (bad, r.returncode, r.stdout, r.stderr)
+        assert r.stdout.count("FAILED: INVALID_ARGUMENT: ") == 2, r.stdout
+        assert r.stderr == f"sievekv: error: checkpoint: no shard can use {bad} (see above)\n"

@@ -29,10 +29,9 @@ pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 # -- the staging directory's name is not reserved ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="engine/checkpoint.py _clear_staging deletes every file "
-                   "whose name parses as a DB file in <dest>.checkpoint-tmp: a complete "
-                   "checkpoint that was written to that path is deleted, though the docstring "
-                   "says anything but a failed checkpoint's leftovers is refused, never deleted")
+# Fixed in session 8; was a strict xfail: a complete checkpoint written to <dest>.checkpoint-tmp
+# was deleted by the next checkpoint to <dest> (staging dirs are now claimed by a flocked marker
+# file; one without it is refused).
 def test_a_complete_checkpoint_at_the_staging_path_is_never_deleted(tmp_path):
     db = DB.open(str(tmp_path / "db"), **SMALL)
     try:
@@ -49,10 +48,8 @@ def test_a_complete_checkpoint_at_the_staging_path_is_never_deleted(tmp_path):
     assert _content(first) == model
 
 
-@pytest.mark.xfail(strict=True, reason="engine/checkpoint.py _clear_staging removes LOCK, logs, "
-                   "CURRENT and tables of a live DB whose directory is <dest>.checkpoint-tmp "
-                   "(it neither checks the LOCK nor limits itself to the names a checkpoint "
-                   "writes): that DB loses everything at its next open")
+# Fixed in session 8; was a strict xfail: a live DB at <dest>.checkpoint-tmp lost every file to
+# a checkpoint to <dest> (same fix).
 def test_a_live_db_at_the_staging_path_is_never_deleted(tmp_path):
     db = DB.open(str(tmp_path / "db"), **SMALL)
     other_path = str(tmp_path / "x") + STAGING_SUFFIX
@@ -121,11 +118,9 @@ class _GateBeforeRename(FileSystem):
         return super().sync_dir(path)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/checkpoint.py checkpoint_db: the staging "
-                   "directory <dest>.checkpoint-tmp is shared by every checkpoint to dest; a "
-                   "second one (here another process) clears the first's staging and builds "
-                   "its own there, and the first then renames that half-built directory to "
-                   "dest and reports success: dest holds tables and no CURRENT")
+# Fixed in session 8; was a strict xfail: a second checkpoint to the same dest (another process)
+# cleared the first's staging dir, and the first renamed a half-built dir to dest and reported
+# success (the marker's flock is held for the whole call).
 def test_a_checkpoint_to_a_destination_another_process_is_writing_is_never_partial(tmp_path):
     fs = _GateBeforeRename()
     db = DB.open(str(tmp_path / "a"), fs=fs, **SMALL)
@@ -173,11 +168,8 @@ def test_a_checkpoint_to_a_destination_another_process_is_writing_is_never_parti
 cluster = two_shard_cluster("review_checkpoint")
 
 
-@pytest.mark.xfail(strict=True, reason="shard/servicer.py Checkpoint checks that the directory "
-                   "does not exist before the engine runs: a second call to the same directory "
-                   "made while the first runs passes that check (HEAD: both build in one staging "
-                   "directory; with a per-process lock: engine InvalidArgumentError) and gets "
-                   "INVALID_ARGUMENT or INTERNAL, not ALREADY_EXISTS (CLI exit 6)")
+# Fixed in session 8; was a strict xfail: a second Admin.Checkpoint to a directory being written
+# got INTERNAL / INVALID_ARGUMENT, not ALREADY_EXISTS (the engine raises AlreadyExistsError).
 def test_two_admin_checkpoints_to_one_directory(cluster, tmp_path):
     with Client(cluster["router"]) as c:
         # unflushed data makes each checkpoint's flush take a while
@@ -200,9 +192,8 @@ def test_two_admin_checkpoints_to_one_directory(cluster, tmp_path):
         assert ck.get(b"big00000") is not None or ck.get(b"big00001") is not None
 
 
-@pytest.mark.xfail(strict=True, reason="router/cli/checkpoint_cmd.py cmd_checkpoint: when every "
-                   "shard fails it still says \"the others' checkpoints under DIR are "
-                   "complete\", of none")
+# Fixed in session 8; was a strict xfail: the CLI said "the others' checkpoints are complete"
+# when every shard failed.
 def test_cli_does_not_claim_complete_checkpoints_when_every_shard_failed(cluster, tmp_path):
     f = tmp_path / "a-file"
     f.write_text("not a directory")
@@ -211,10 +202,8 @@ def test_cli_does_not_claim_complete_checkpoints_when_every_shard_failed(cluster
     assert "complete" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="router/cli/checkpoint_cmd.py cmd_checkpoint treats the "
-                   "router's DEADLINE_EXCEEDED section of a shard that did not answer within "
-                   "--timeout as a failure (exit 4, 'the others are complete'), while docs/cli.md "
-                   "says exit 3 when --timeout passes first (cmd_compact handles it)")
+# Fixed in session 8; was a strict xfail: the CLI exited 4, not 3, when --timeout passed before
+# a shard answered.
 def test_cli_timeout_with_a_slow_shard_exits_3(cluster, tmp_path):
     pid = proc(cluster, "shard-1")["pid"]
     os.kill(pid, signal.SIGSTOP)  # the shard answers nothing until SIGCONT

@@ -4,8 +4,10 @@ Each shard flushes, then writes ``DIR/<shard name>`` on its own host: its live t
 hard-linked (copied where DIR is on another file system) beside a manifest describing them,
 a directory that opens as that shard's data directory as it is (docs/cli.md, "checkpoint").
 DIR is made absolute here; it is a path on the shards' hosts. Exit codes: 0 every shard wrote
-its checkpoint; 6 (CONFLICT) a shard's directory exists already (nothing was overwritten);
-4 (PARTIAL) some shard failed otherwise; 3 when --timeout passed first. Progress (of copies:
+its checkpoint; 6 (CONFLICT) a shard's directory exists already or another checkpoint is
+writing it (nothing was overwritten); 2 (USAGE) no shard can use DIR (a file in the way, no permission, read-only); 4 (PARTIAL) some
+shard failed otherwise; 3 when --timeout
+passed first (the shards finish their checkpoints). Progress (of copies:
 links are instant) shows on stderr unless --quiet.
 """
 
@@ -19,7 +21,7 @@ import grpc
 from sievekv_proto import sievekv_pb2 as pb
 
 from ..humanize import format_bytes, format_count
-from .exit_codes import CONFLICT, OK, PARTIAL, CliError
+from .exit_codes import CONFLICT, OK, PARTIAL, UNREACHABLE, USAGE, CliError
 from .report_cmds import _code, long_admin_call
 from .verify_cmd import progress_line as _progress_of
 
@@ -35,22 +37,36 @@ def cmd_checkpoint(args) -> int:
     sections = long_admin_call(args, "Checkpoint", progress_line, "checkpointing",
                                "the shards finish their checkpoints",
                                request=pb.CheckpointRequest(dir=base))
-    failed, exists = [], []
+    failed, exists, late, invalid = [], [], [], []
     for s in sections:
         code = _code(s.code)
         if s.ok:
             print(f"{s.shard:<10} {summary(s.json)}")
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            late.append(s.shard)
+            print(f"{s.shard:<10} still writing its checkpoint")
         else:
             (exists if code == grpc.StatusCode.ALREADY_EXISTS else failed).append(s.shard)
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                invalid.append(s.shard)
             print(f"{s.shard:<10} FAILED: {code.name if code else s.code}: {s.error}")
     n = len(sections)
-    if exists and not failed:
+    done = n - len(failed) - len(exists) - len(late)
+    if late and not failed and not exists:
+        raise CliError(f"checkpoint: gave up waiting for {', '.join(late)} after --timeout "
+                       f"{args.timeout:g} s; they finish their checkpoints", UNREACHABLE)
+    if exists and not failed and not late:
         raise CliError(f"checkpoint: {len(exists)} of {n} shards' directories under {base} "
-                       "exist already; nothing was overwritten: choose a new directory", CONFLICT)
-    if failed or exists:
-        bad = failed + exists
-        raise CliError(f"checkpoint: {len(bad)} of {n} shards failed ({', '.join(bad)}); "
-                       f"the others' checkpoints under {base} are complete", PARTIAL)
+                       "exist already or are being written; nothing was overwritten: choose a "
+                       "new directory", CONFLICT)
+    if invalid and invalid == failed and not exists and not late and not done:
+        raise CliError(f"checkpoint: no shard can use {base} (see above)", USAGE)
+    if failed or exists or late:
+        bad = failed + exists + late
+        others = (f"; the other {done} shards' checkpoints under {base} are complete"
+                  if done else "")
+        raise CliError(f"checkpoint: {len(bad)} of {n} shards did not write one "
+                       f"({', '.join(bad)}){others}", PARTIAL)
     return OK
 
 
