@@ -73,10 +73,10 @@ def control_path(data_dir: str) -> str:
     return os.path.join(data_dir, CONTROL_SOCKET)
 
 
-# errnos of a data directory the operator must fix (permissions, a read-only mount, a directory
-# or a missing directory where a file belongs): a usage error, not an I/O failure.
+# errnos of a data directory the operator must fix (permissions, a read-only mount, a file
+# where a directory belongs or the other way round): a usage error, not an I/O failure.
 _UNUSABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
-                    errno.ENOENT, errno.ELOOP, errno.ENAMETOOLONG}
+                    errno.EEXIST, errno.ENOENT, errno.ELOOP, errno.ENAMETOOLONG}
 
 
 def unusable_data_dir(exc: OSError) -> bool:

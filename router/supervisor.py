@@ -280,7 +280,8 @@ class Supervisor:
         try:
             os.makedirs(os.path.join(d, cs.LOG_DIR), exist_ok=True)
         except OSError as exc:
-            raise StartFailure(f"cannot create data directory {d}: {exc.strerror}", "config")
+            raise StartFailure(f"cannot create data directory {d}: {cs.os_reason(exc)}",
+                               "config" if cs.unusable_data_dir(exc) else "failed") from None
         path = cs.lock_path(d)
         try:
             self.lock = self.fs.lock(path)

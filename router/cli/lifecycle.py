@@ -61,8 +61,8 @@ def _make_dirs(cfg: ClusterConfig) -> None:
     try:
         os.makedirs(os.path.join(cfg.data_dir, cs.LOG_DIR), exist_ok=True)
     except OSError as exc:
-        raise CliError(f"cannot create data directory {cfg.data_dir}: {exc.strerror}",
-                       USAGE) from None
+        raise CliError(f"cannot create data directory {cfg.data_dir}: {cs.os_reason(exc)}",
+                       USAGE if cs.unusable_data_dir(exc) else ERROR) from None
 
 
 def _check_not_running(cfg: ClusterConfig) -> None:
