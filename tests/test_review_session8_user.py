@@ -1,5 +1,5 @@
 """Session 8 fresh-eyes user audit: what a new operator hits following README.md and
-docs/cli.md, as strict xfails that pass once fixed.
+docs/cli.md. Written as strict xfails; all fixed in session 8 and now plain tests:
 
 - A config error names the file twice when `listen` is not a string (router/config.py
   _Section.address catches the ConfigError of _Section.str, a ValueError, and wraps it again).
@@ -11,6 +11,8 @@ docs/cli.md, as strict xfails that pass once fixed.
 - A supervisor that cannot write cluster-state.json at start still reports the cluster up
   (exit 0); `cluster stop` then cannot read the state and exits 3, leaving every process
   running.
+- A bare `sievekv` printed the whole help on stderr, not the one error line docs/cli.md
+  promises for every failure.
 """
 
 import json
