@@ -7,8 +7,9 @@ line: ``spawn``, ``serving``, then ``ready`` or ``error``). The supervisor:
 1. takes the cluster lock ``<data_dir>/cluster.lock`` (flock, held for its whole life), checks
    the slot layout and the ports, resolves ports given as 0, writes the cluster map;
 2. starts every shard, waits until each reports SERVING on grpc.health.v1, then starts the
-   router and waits for it; any failure stops everything it started, reports ``error`` and
-   exits 1 — nothing is left running;
+   router and waits for it; any failure (a state file that cannot be written included: a
+   cluster it does not record cannot be stopped) stops everything it started, reports
+   ``error`` and exits 1 — nothing is left running;
 3. keeps the state file (router/cluster_state.py) current and restarts a process that dies,
    with the backoff of router/restart_policy.py; past ``max_restarts`` it marks it ``failed``;
 4. answers the control socket (``restart``, ``ping``, ``stop``; one JSON line each way);
