@@ -30,8 +30,10 @@ Reads take no lock: they read ``self._rs``, an immutable :class:`engine.read_sta
 replaced whenever the memtable is frozen or a new version is installed.
 
 Errors: a write whose log append fails (e.g. ENOSPC) raises StorageIOError, is not
-acknowledged, and the next write starts a new log (the DB stays usable). A failed log fsync,
-a failed flush or compaction, or a failed manifest write put the DB in a *failed* state:
+acknowledged, and the next write starts a new log (the DB stays usable). A write too large
+for one log record (4 GiB - 1 encoded, engine/wal/writer.py) is InvalidArgumentError before
+it reaches the log. A failed log fsync, a failed flush or compaction, or a failed manifest
+write put the DB in a *failed* state:
 writes raise StorageIOError naming the first error, reads keep working, and reopening the DB
 recovers everything acknowledged from the logs and tables. A full disk is the exception
 (engine/background.py, "Full disk"): a flush or compaction that fails with ENOSPC or EDQUOT
@@ -69,7 +71,8 @@ from .table_workers import shared_pool
 from .checkpoint import checkpoint_db
 from .verify import verify_db
 from .vfs import FileSystem, default_fs
-from .wal import LogWriter, encode_batch
+from .wal import LogWriter, encode_batch, encoded_size
+from .wal import writer as wal_writer
 
 
 
@@ -115,6 +118,11 @@ class DB(Background):
         self._max_key = opts.max_key_size
         self._max_value = opts.max_value_size
         self._sync = opts.sync
+        # Keys and values of up to this many bytes always fit one log record: n operations
+        # hold n bytes or more (keys are not empty), so a record is at most header + nbytes x
+        # (op header + 1). A larger write is checked exactly by _check_log_room.
+        per_byte = encoded_size(1, 1) - encoded_size(0, 0)
+        self._log_check_bytes = (wal_writer.LOG_MAX_PAYLOAD - encoded_size(0, 0)) // per_byte
         self._sentinel = b"\xff" * (opts.max_key_size + 1)  # sorts after every valid key
         self._mu = threading.Lock()
         self._bg_cv = threading.Condition(self._mu)
@@ -381,6 +389,8 @@ class DB(Background):
             raise ClosedError("DB is closed")
 
     def _write(self, ops: list, nbytes: int, sync) -> None:
+        if nbytes > self._log_check_bytes:  # one compare on the hot path
+            self._check_log_room(ops, nbytes)
         if sync is None:
             sync = self._sync
         if not sync:
@@ -400,6 +410,8 @@ class DB(Background):
                     self._last_seq = seq + len(ops) - 1  # burnt even if the append fails
                     try:
                         self._log.add_record(payload)
+                    except InvalidArgumentError:  # too large: raised before any I/O
+                        raise
                     except BaseException:
                         self.counters.log_errors += 1
                         self._log_broken = True  # the next write switches to a new log
@@ -446,7 +458,9 @@ class DB(Background):
             mem.add(seq, ops)
         except BaseException as exc:
             mu.acquire()
-            if failure is not None:
+            # An InvalidArgumentError from add_record (a group too large for one record; each
+            # write alone was checked by _check_log_room) is raised before any I/O.
+            if failure is not None and not isinstance(exc, InvalidArgumentError):
                 self.counters.log_errors += 1
                 if failure == "append":
                     self._log_broken = True  # the next write switches to a new log
@@ -461,6 +475,16 @@ class DB(Background):
         self._write_groups += 1
         if sync:
             self._synced_groups += 1
+
+    def _check_log_room(self, ops: list, nbytes: int) -> None:
+        """Refuse a write too large for one log record, before it is encoded or logged: a
+        caller's error (InvalidArgumentError), not a log failure."""
+        size = encoded_size(len(ops), nbytes)
+        limit = wal_writer.LOG_MAX_PAYLOAD
+        if size > limit:
+            raise InvalidArgumentError(
+                f"write of {len(ops)} operations is {size} bytes as a log record, over the "
+                f"write-ahead log's record limit of {limit} bytes; split it into smaller batches")
 
     def _make_room_for_write(self, force: bool) -> None:
         """Switch memtables when full (or forced); slow down or wait under pressure.

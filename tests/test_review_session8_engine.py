@@ -160,11 +160,9 @@ def test_a_storage_error_without_an_errno_does_not_print_errno_0():
     assert "Errno 0" not in str(exc)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/db.py:403-405 (and _commit's 'append' failure, db.py:452): a batch over the log "
-    "record limit (engine/wal/writer.py:70, LOG_MAX_PAYLOAD = 4 GiB - 1, checked only after the whole "
-    "payload is built) is a caller's error, but the DB counts it as a log error and marks the "
-    "log broken, so the next write switches memtable and log for nothing"))
+# Fixed in session 8; was a strict xfail: a batch over the log record limit (LOG_MAX_PAYLOAD,
+# checked only after encoding) counted as a log error and marked the log broken, so the next
+# write switched memtable and log for nothing; now refused before it is encoded or logged.
 def test_a_batch_over_the_log_record_limit_is_not_a_log_failure(tmp_path, monkeypatch):
     import engine.wal.writer as writer
 
@@ -178,6 +176,52 @@ def test_a_batch_over_the_log_record_limit_is_not_a_log_failure(tmp_path, monkey
         assert db.stats()["counters"]["log_errors"] == 0
         assert db.stats()["log"]["number"] == log_before
         assert db.get(b"a") == b"1" and db.get(b"k1") is None
+
+
+_AT_LIMIT_WRITER = """
+import os, sys
+import engine.wal.writer as writer
+from engine import DB
+from engine.errors import InvalidArgumentError
+from engine.wal import encoded_size
+
+limit = writer.LOG_MAX_PAYLOAD = 1 << 20  # the 4 GiB limit, scaled down
+n = 64
+value_bytes = limit - encoded_size(n, 0) - n * 4  # keys b"k%03d": 4 bytes
+sizes = [value_bytes // n] * n
+sizes[-1] += value_bytes - sum(sizes)
+batch = [(b"k%03d" % i, b"v" * sizes[i]) for i in range(n)]
+assert encoded_size(n, sum(len(k) + len(v) for k, v in batch)) == limit
+db = DB.open(sys.argv[1], table_workers=0)
+log = db.stats()["log"]["number"]
+for bad in (lambda: db.write(batch[:-1] + [(b"k063", batch[-1][1] + b"x")]),
+            lambda: db.put(b"big", b"v" * (limit - encoded_size(1, 3) + 1))):
+    try:
+        bad()
+    except InvalidArgumentError as exc:
+        assert "record limit" in str(exc), exc
+    else:
+        raise AssertionError("a write one byte over the log record limit was taken")
+db.write(batch)
+db.put(b"big", b"v" * (limit - encoded_size(1, 3)))
+st = db.stats()
+assert st["counters"]["log_errors"] == 0 and st["log"]["number"] == log, st
+assert st["writes"] == 2, st["writes"]
+os._exit(0)  # no close: the next open replays the log
+"""
+
+
+def test_a_write_exactly_at_the_log_record_limit_is_logged_and_one_byte_more_is_not(tmp_path):
+    """The size check counts the encoded record exactly: a batch (and a put) whose record is
+    LOG_MAX_PAYLOAD bytes is logged and replayed, one byte more is refused before the log,
+    and the DB goes on with the same log (run in a process that exits without closing)."""
+    path = str(tmp_path / "db")
+    subprocess.run([sys.executable, "-c", _AT_LIMIT_WRITER, path], cwd=REPO, check=True,
+                   timeout=60)
+    with DB.open(path, table_workers=0) as db:
+        assert db.stats()["recovered_entries"] == 65
+        assert [len(db.get(b"k%03d" % i)) for i in (0, 63)] == [16370, 16370 + 52]
+        assert len(db.get(b"big")) == (1 << 20) - 24
 
 
 # ---------------------------------------------------------------------------------------------

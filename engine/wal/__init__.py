@@ -10,8 +10,9 @@ docs/format.md, "Write-ahead log" is the spec. Typical use by the DB::
         first_seq, ops = decode_batch(payload)
 """
 
-from .batch import decode_batch, encode_batch
+from .batch import decode_batch, encode_batch, encoded_size
 from .reader import LogReadResult, parse_log, read_log
 from .writer import LogWriter
 
-__all__ = ["LogWriter", "LogReadResult", "read_log", "parse_log", "encode_batch", "decode_batch"]
+__all__ = ["LogWriter", "LogReadResult", "read_log", "parse_log", "encode_batch", "decode_batch",
+           "encoded_size"]

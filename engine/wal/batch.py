@@ -29,6 +29,12 @@ _MAX_LEN = 0xFFFFFFFF
 Op = tuple[int, bytes, bytes]
 
 
+def encoded_size(count: int, nbytes: int) -> int:
+    """Bytes of :func:`encode_batch`'s payload for ``count`` operations whose keys and values
+    hold ``nbytes`` bytes in all (without encoding them)."""
+    return _HEADER_SIZE + _OP_SIZE * count + nbytes
+
+
 def encode_batch(first_seq: int, ops: Sequence[Op]) -> bytes:
     """Encode ``ops`` (``(kind, key, value)`` with bytes-like key and value) as one payload.
 

@@ -63,7 +63,11 @@ class LogWriter:
             )
 
     def add_record(self, payload: bytes) -> None:
-        """Append one record holding ``payload`` (bytes; may be empty)."""
+        """Append one record holding ``payload`` (bytes; may be empty).
+
+        A payload over ``LOG_MAX_PAYLOAD`` (the u32 length field) raises InvalidArgumentError
+        before anything is written; the writer stays usable. (The DB refuses such a write
+        before it encodes it: engine/db.py ``_check_log_room``.)"""
         if self._failed is not None:
             self._check()
         n = len(payload)
