@@ -5,8 +5,9 @@ with each option that affects new tables or reads changed; keys and values at an
 the configured maxima, through flush, compaction and log replay after a crash; scans at their
 edges and while writes, flushes and compactions run. Real files, the real engine.
 
-Tests marked ``xfail(strict=True)`` show a bug that is still open: each fails today and passes
-once fixed. The others pin what was checked and held, and that no other test covered.
+The tests under "Bugs" were strict xfails, each showing a bug; all are fixed (session 8), and
+each says what the bug was. The others pin what was checked and held, and that no other test
+covered.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _check(db, model: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Bugs (strict xfails)
+# Bugs (were strict xfails; fixed)
 # ---------------------------------------------------------------------------------------------
 # Fixed in session 8; was a strict xfail: partition_bytes had a lower bound only:
 # DB.open(partition_bytes=2**40) opened and took writes, and the first flush failed the DB for
