@@ -114,18 +114,20 @@ RATIOS = {
     "observed_fpr": (("false_positives",), ("false_positives", "negatives")),
     "false_ratio": (("false_positives",), ("false_positives", "true_positives")),
     "data_blocks_read_per_get": (("data_blocks_read",), ("gets",)),
-    "bits_per_key": (("filter_bytes",), ("keys",)),  # x 8, see _ratio
+    # filter bits held per key, pages rounded up (the engine's effective_bits_per_key)
+    "effective_bits_per_key": (("filter_bytes",), ("keys",)),  # x 8, see _ratio
 }
 NOT_SUMMED = frozenset({
     "level", "output_level", "number", "last_sequence",  # identifiers, positions
-    "effective_bits_per_key", "uniform_bits_per_key", "expected_fpr",  # per-shard settings
+    # per-shard settings (bits_per_key: the configured bits, key-weighted over tables)
+    "bits_per_key", "uniform_bits_per_key", "expected_fpr",
     "expected_reads_per_miss_actual", "expected_reads_per_miss_optimal",
     "expected_reads_per_miss_uniform",  # a model per shard, not an amount
 })
 
 
 def _ratio(leaf: str, num: float, den: float) -> float:
-    return 8 * num / den if leaf == "bits_per_key" else num / den
+    return 8 * num / den if leaf == "effective_bits_per_key" else num / den
 
 
 def sum_totals(parts) -> dict[str, float]:

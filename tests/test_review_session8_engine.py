@@ -422,3 +422,21 @@ def test_scans_while_writes_flushes_and_compactions_run(tmp_path):
             t.join()
         db.close()
     assert not errors
+
+
+def test_cluster_totals_of_bits_per_key_mean_what_the_engine_totals_mean():
+    """Follow-up of the fix above: the router's and shard's summed totals (shard/metrics.py
+    sum_totals) recomputed ``bits_per_key`` as 8 x filter bytes / keys, the page-rounded figure
+    the engine now calls ``effective_bits_per_key``. Now ``effective_bits_per_key`` is that
+    ratio and ``bits_per_key`` (the configured bits) is kept where the shards agree."""
+    from shard.metrics import sum_totals
+
+    a = {"totals.keys": 300, "totals.filter_bytes": 4096, "totals.bits_per_key": 10.0,
+         "totals.effective_bits_per_key": 109.2}
+    b = {"totals.keys": 500, "totals.filter_bytes": 4096, "totals.bits_per_key": 10.0,
+         "totals.effective_bits_per_key": 65.5}
+    t = sum_totals([a, b])
+    assert t["totals.bits_per_key"] == 10.0
+    assert t["totals.effective_bits_per_key"] == pytest.approx(8 * 8192 / 800)
+    c = dict(b, **{"totals.bits_per_key": 12.0})
+    assert "totals.bits_per_key" not in sum_totals([a, c])  # shards differ: see their sections
