@@ -13,7 +13,6 @@ links are instant) shows on stderr unless --quiet.
 
 from __future__ import annotations
 
-import json
 import os
 
 import grpc
@@ -24,6 +23,7 @@ from ..humanize import format_bytes, format_count
 from .exit_codes import CONFLICT, OK, PARTIAL, UNREACHABLE, USAGE, CliError
 from .report_cmds import _code, long_admin_call
 from .verify_cmd import progress_line as _progress_of
+from .verify_cmd import section_report
 
 
 def progress_line(shards: dict) -> str:
@@ -72,10 +72,7 @@ def cmd_checkpoint(args) -> int:
 
 def summary(text: str) -> str:
     """``/backups/b1/shard-0: 12 tables, 45.2 MiB (12 linked, 0 copied) in 0.1 s``."""
-    try:
-        r = json.loads(text) if text else {}
-    except ValueError:
-        r = {}
+    r = section_report(text)
     if not r:
         return "checkpoint written"
     n = r.get("tables", 0)

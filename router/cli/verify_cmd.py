@@ -51,12 +51,18 @@ def cmd_verify(args) -> int:
     return OK
 
 
-def summary(text: str) -> str:
-    """``12 tables, 3,201 data blocks, 1 filter partition, 45.2 MiB in 0.8 s``."""
+def section_report(text: str) -> dict:
+    """A shard section's JSON report ({} if absent or unreadable: the line still prints)."""
     try:
         r = json.loads(text) if text else {}
     except ValueError:
-        r = {}
+        return {}
+    return r if isinstance(r, dict) else {}
+
+
+def summary(text: str) -> str:
+    """``12 tables, 3,201 data blocks, 1 filter partition, 45.2 MiB in 0.8 s``."""
+    r = section_report(text)
     if not r:
         return "checked"
     return (f"{_count(r.get('tables', 0), 'table')}, "
