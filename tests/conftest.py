@@ -28,6 +28,13 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 30.0
 
+# A shell without job control starts a background command (`... &`, nohup) with SIGINT ignored,
+# and every process a test starts would inherit that: the Ctrl-C tests would then meet a CLI
+# that cannot be interrupted (exit 0, not 130). Children of a process with a Python handler
+# start with the default, so give the test process one.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _ephemeral_low() -> int:
     try:
