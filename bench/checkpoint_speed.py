@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -35,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import engine  # noqa: E402
 from engine.errors import StorageIOError  # noqa: E402
 from engine.vfs import FileSystem  # noqa: E402
+from settled_db import fill_settled  # noqa: E402
 
 MiB = 1 << 20
 
@@ -77,15 +77,8 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="sievekv-checkpoint-", dir=args.dir)
     try:
         path = os.path.join(root, "db")
-        rng = random.Random(1)
-        t0 = time.perf_counter()
         fs = LinksToggle()
-        with engine.DB.open(path, memtable_bytes=64 * MiB, fs=fs) as db:
-            for _ in range(args.keys):
-                db.put(rng.randbytes(16), rng.randbytes(100))
-            db.flush()
-            db.compact()
-        fill_s = time.perf_counter() - t0
+        fill_s = fill_settled(path, args.keys, fs=fs)
         tables = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".sst"))
         size = sum(os.path.getsize(p) for p in tables)
         secs: dict[str, list[float]] = {"link": [], "copy": [], "floor": []}

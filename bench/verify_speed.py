@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import engine  # noqa: E402
 from engine.checksum import crc32c  # noqa: E402
+from settled_db import fill_settled  # noqa: E402
 
 MiB = 1 << 20
 
@@ -61,14 +61,7 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="sievekv-verify-", dir=args.dir)
     try:
         path = os.path.join(root, "db")
-        rng = random.Random(1)
-        t0 = time.perf_counter()
-        with engine.DB.open(path, memtable_bytes=64 * MiB) as db:
-            for _ in range(args.keys):
-                db.put(rng.randbytes(16), rng.randbytes(100))
-            db.flush()
-            db.compact()
-        fill_s = time.perf_counter() - t0
+        fill_s = fill_settled(path, args.keys)
         tables = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".sst"))
         rates: dict[str, list[float]] = {"verify": [], "floor": []}
         report = None
