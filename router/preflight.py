@@ -109,11 +109,19 @@ def check_layout(cfg: ClusterConfig) -> None:
             have = json.load(f)
     except FileNotFoundError:
         tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(want, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(want, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            # A full disk (or Ctrl-C) must not leave a half-written file behind.
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
         return
     except (OSError, ValueError) as exc:
         raise PreflightError(f"cannot read {path}: {exc}", "config") from None
