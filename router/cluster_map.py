@@ -7,7 +7,9 @@ Cluster's ``CLUSTER SLOTS``)::
     slot_count = 16384
 
     [[shards]]
-    name = "s0"                      # unique; used in errors, reports and metrics
+    name = "s0"                      # unique; used in errors, reports, metrics and as a
+                                     # checkpoint directory name: no '/', '.', '..' or
+                                     # control characters, at most 255 bytes
     address = "10.0.0.11:7000"       # host:port of the shard's gRPC server; unique
     slots = [[0, 8191]]              # one or more [first, last] ranges (or one bare pair)
 
@@ -17,7 +19,7 @@ Cluster's ``CLUSTER SLOTS``)::
     slots = [[8192, 16383]]
 
 :func:`load` and :func:`parse` raise :class:`ClusterMapError` naming the problem: unknown
-keys, a missing field, a duplicate name or address, a malformed address, a range out of
+keys, a missing field, a duplicate or unusable name, a duplicate address, a malformed address, a range out of
 bounds or reversed, a slot assigned twice (naming both shards), slots assigned to nobody
 (naming the first gap).
 """
@@ -160,6 +162,9 @@ def parse(doc: dict, source: str = "<cluster map>") -> ClusterMap:
         name = entry["name"]
         if not isinstance(name, str) or not name:
             raise ClusterMapError(f"{where}: name must be a non-empty string")
+        bad = _name_problem(name)
+        if bad:
+            raise ClusterMapError(f"{where}: shard name {name!r} {bad}")
         where = f"{source}: shard {name!r}"
         if name in names:
             raise ClusterMapError(f"{where}: duplicate shard name")
@@ -188,3 +193,21 @@ def parse(doc: dict, source: str = "<cluster map>") -> ClusterMap:
                 end += 1
             raise ClusterMapError(f"{source}: slots {slot}-{end} are not assigned to any shard")
     return ClusterMap(tuple(shards), table)
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a shard, or None.
+
+    A shard's name becomes a directory (``sievekv checkpoint DIR`` writes ``DIR/<name>``), a
+    metric label and a word in one-line messages, so it may not contain '/', NUL or control
+    characters, may not be '.' or '..', and is at most 255 bytes (a file name's limit).
+    """
+    if name in (".", ".."):
+        return "cannot be '.' or '..' (it names a checkpoint directory)"
+    if "/" in name:
+        return "cannot contain '/' (it names a checkpoint directory)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "cannot contain control characters"
+    if len(name.encode("utf-8", "surrogatepass")) > 255:
+        return "is longer than 255 bytes"
+    return None
