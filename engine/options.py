@@ -17,10 +17,10 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 from .format import NUM_LEVELS  # levels L0..L6, as in LevelDB and RocksDB
+from .sstable.options import MAX_PARTITION_BYTES  # why: partition_bytes' doc
 
 MiB = 1 << 20
 MAX_KEY_SIZE = 1 * MiB  # why: max_key_size's doc
-MAX_PARTITION_BYTES = 1 * MiB  # why: partition_bytes' doc
 
 
 def _opt(default, doc: str, **kw):

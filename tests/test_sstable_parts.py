@@ -123,3 +123,13 @@ def test_partition_bytes_round_up_to_pages():
     assert TableOptions(partition_bytes=1).partition_pages_bytes == 4096
     assert TableOptions(partition_bytes=4097).partition_pages_bytes == 8192
     assert TableOptions(filter_policy=None, bits_per_key=0).filter_policy is None
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 4096.0, (1 << 20) + 1, 1 << 40])
+def test_table_options_bound_partition_bytes_like_the_db_option(value):
+    # Was: TableOptions accepted partition_bytes=2**40 (the DB option is capped at 1 MiB), and a
+    # builder then tried to build a terabyte-sized partition in memory.
+    from engine.sstable.options import MAX_PARTITION_BYTES
+    with pytest.raises(InvalidArgumentError, match="partition_bytes must be an int from 1 to"):
+        TableOptions(partition_bytes=value)
+    assert TableOptions(partition_bytes=MAX_PARTITION_BYTES).partition_pages_bytes == MAX_PARTITION_BYTES

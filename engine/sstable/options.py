@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError
 from ..format import FILTER_PAGE_SIZE
 
+# Largest filter partition a builder makes: every partition is built in memory whole, and a
+# probe faults in (and filter_memory_cap evicts) one at a time. engine.options caps the DB
+# option at the same value.
+MAX_PARTITION_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class TableOptions:
@@ -53,9 +58,11 @@ class TableOptions:
             if not self.bits_per_key > 0:
                 raise InvalidArgumentError(
                     f"bits_per_key must be > 0 with a filter, not {self.bits_per_key!r}")
-        if not isinstance(self.partition_bytes, int) or self.partition_bytes < 1:
+        if (not isinstance(self.partition_bytes, int) or isinstance(self.partition_bytes, bool)
+                or not 1 <= self.partition_bytes <= MAX_PARTITION_BYTES):
             raise InvalidArgumentError(
-                f"partition_bytes must be a positive int, not {self.partition_bytes!r}")
+                f"partition_bytes must be an int from 1 to {MAX_PARTITION_BYTES} (1 MiB), "
+                f"not {self.partition_bytes!r}")
         bpp = self.blocks_per_partition
         if bpp is not None and (not isinstance(bpp, int) or bpp < 1):
             raise InvalidArgumentError(f"blocks_per_partition must be None or >= 1, not {bpp!r}")
