@@ -40,6 +40,7 @@ from typing import Iterable, Iterator
 import grpc
 
 from shard.limits import Limits
+from shard.tls import client_tls, channel as open_channel
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
@@ -149,21 +150,40 @@ def _check_sync(sync) -> bool | None:
 
 
 class Client:
-    """A connection (one gRPC channel) to a router or a shard. See the module docstring."""
+    """A connection (one gRPC channel) to a router or a shard. See the module docstring.
+
+    TLS: ``tls_ca`` (path of a PEM CA certificate) connects over TLS and verifies the server
+    with that CA; ``tls=True`` without ``tls_ca`` verifies it with the system's roots.
+    ``tls_cert`` and ``tls_key`` (paths, both or neither) are the client certificate that a
+    server started with ``--tls-client-ca`` (mutual TLS) requires; giving them also turns TLS
+    on. The server's certificate must name the host of ``address`` (an IP address needs an IP
+    subjectAltName). The files are read and checked here: one that cannot be used raises
+    :class:`shard.tls.TlsError` (a ValueError) naming it. A TLS mismatch (wrong CA, TLS
+    against a plaintext server or the reverse, a refused client certificate) fails calls with
+    UnavailableError, as an unreachable server does.
+
+        with Client("shard-0.example:7000", tls_ca="ca.pem",
+                    tls_cert="client.pem", tls_key="client-key.pem") as c: ...
+    """
 
     def __init__(self, address: str, *, timeout: float = 10.0, retries: int = 6,
                  backoff: float = 0.05, max_backoff: float = 1.0,
-                 max_value_bytes: int = Limits().max_value_bytes, channel_options=()):
+                 max_value_bytes: int = Limits().max_value_bytes, channel_options=(),
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, tls: bool = False):
         self.address = address
         self.timeout = _check_timeout(timeout)
         self.retries = _check_int(retries, "retries", 0)
         self.backoff = _check_seconds(backoff, "backoff")
         self.max_backoff = _check_seconds(max_backoff, "max_backoff")
         self.limits = Limits(max_value_bytes=max_value_bytes)
+        credentials = client_tls(tls_ca, tls_cert, tls_key, enabled=tls,
+                                 flags=("tls_ca", "tls_cert", "tls_key"))
+        self.tls = credentials is not None
         self._closed = False
-        self._channel = grpc.insecure_channel(address, options=[
+        self._channel = open_channel(address, [
             *self.limits.grpc_options(), ("grpc.max_reconnect_backoff_ms", 2000),
-            *channel_options])
+            *channel_options], credentials)
         self._kv = pbg.KVStub(self._channel)
         self._admin = pbg.AdminStub(self._channel)
 

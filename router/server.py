@@ -4,7 +4,9 @@ built, not started.
 It serves KV and Admin for the whole cluster (:mod:`router.kv_servicer`,
 :mod:`router.admin_servicer`), the health service and reflection, with one long-lived channel
 per shard (closed when the server stops). With ``reuse_port`` several router processes can
-bind the same port (SO_REUSEPORT); the kernel spreads connections between them.
+bind the same port (SO_REUSEPORT); the kernel spreads connections between them. ``tls``
+makes the listen port TLS (mTLS with a client CA); ``shard_tls`` the channels to the shards
+(:mod:`shard.tls`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from shard.metrics import RequestMetrics
 from shard.server import bind, server_options
 from shard.serving import ADMIN_SERVICE, KV_SERVICE, Serving
 from shard.status import Guard
+from shard.tls import ClientTls, ServerTls
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .admin_servicer import RouterAdmin
@@ -46,7 +49,9 @@ def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limit
                          admin_timeout: float = DEFAULT_ADMIN_TIMEOUT,
                          reuse_port: bool = False,
                          max_workers: int = DEFAULT_WORKERS,
-                         max_calls_per_shard: int | None = None) -> tuple[Serving, int]:
+                         max_calls_per_shard: int | None = None,
+                         tls: ServerTls | None = None,
+                         shard_tls: ClientTls | None = None) -> tuple[Serving, int]:
     """Build a router for ``cluster_map`` bound to ``address``; return ``(serving, port)``.
 
     ``default_timeout`` (unary data calls) and ``admin_timeout`` (Scan streams, Flush,
@@ -60,10 +65,11 @@ def create_router_server(cluster_map: ClusterMap, address: str, *, limits: Limit
     limits = limits or Limits()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="router"),
                          options=server_options(limits, reuse_port))
-    port = bind(server, address)
+    port = bind(server, address, tls)
     if max_calls_per_shard is None:
         max_calls_per_shard = default_max_calls_per_shard(max_workers)
-    shards = [ShardClient(spec, limits, max_calls_per_shard) for spec in cluster_map.shards]
+    shards = [ShardClient(spec, limits, max_calls_per_shard, shard_tls)
+              for spec in cluster_map.shards]
     guard = Guard("router", metrics)
     pbg.add_KVServicer_to_server(
         guard.wrap(RouterKV(cluster_map, shards, limits, default_timeout,

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from shard.limits import Limits
 from shard.status import StatusError
+from shard.tls import ClientTls, channel
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .call_slots import CallSlots
@@ -41,7 +42,10 @@ HUNG_AFTER = 2.0
 class ShardClient:
     """Stubs of one shard over one channel. Thread-safe (gRPC channels and stubs are)."""
 
-    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 8):
+    def __init__(self, spec: ShardSpec, limits: Limits, max_calls: int = 8,
+                 tls: ClientTls | None = None):
+        """``tls``: connect over TLS with these credentials (the router's ``--shard-tls-*``),
+        else plaintext; the shard's health checks use the same channel."""
         self.name = spec.name
         self.address = spec.address
         self.label = f"shard {spec.name} at {spec.address}"
@@ -49,7 +53,7 @@ class ShardClient:
         # compaction catches up) must not take the slots of reads, which it does not slow.
         self.reads = CallSlots(max_calls, HUNG_AFTER)
         self.writes = CallSlots(max_calls, HUNG_AFTER)
-        self.channel = grpc.insecure_channel(spec.address, options=[
+        self.channel = channel(spec.address, tls=tls, options=[
             *limits.grpc_options(),
             ("grpc.initial_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
             ("grpc.min_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),

@@ -22,9 +22,14 @@ one message per process life: nothing a process writes accumulates across restar
 number of restarts can leave a process unable to exit (a shared multiprocessing.Queue that
 the supervisor stopped reading filled up and blocked the exit of its writers).
 
-Metrics: process i of N serves Prometheus on ``--metrics-port + i`` (0 = off).
+TLS (shard/tls.py): ``--tls-cert``/``--tls-key`` (and ``--tls-client-ca`` for mTLS) make the
+listen port TLS, the same for every process; ``--shard-tls-ca`` (and ``--shard-tls-cert``/
+``--shard-tls-key``, the router's client certificate) make its channels to the shards TLS,
+health checks included. The files are checked before anything is spawned or bound.
+
+Metrics: process i of N serves Prometheus on ``--metrics-port + i`` (0 = off), plain HTTP.
 Exit codes: 0 after a drain, 1 when the cluster map is invalid, startup fails or a router
-process keeps crashing (see above), 2 for usage.
+process keeps crashing (see above), 2 for usage (a TLS file that cannot be used included).
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from dataclasses import dataclass
 
 from engine.errors import SieveError
 from shard.limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
-from shard.worker import stop_event_on_signals, wait_for_stop, watch_parent, write_port_file
+from shard.tls import TlsError, client_tls, server_tls
+from shard.worker import (add_server_tls_args, stop_event_on_signals, wait_for_stop,
+                          watch_parent, write_port_file)
 
 from . import cluster_map as cmap
 from .restart_policy import RestartPolicy, RestartTracker
@@ -85,7 +92,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --exit-with-parent: the parent's pid (default: the parent at start); "
                         "a router that finds another parent exits at once")
     p.add_argument("--log-level", default="INFO")
+    add_server_tls_args(p, "the router's listen port (every --processes process)")
+    g = p.add_argument_group("TLS to the shards", "channels to the shards and their health "
+                             "checks (default: plaintext)")
+    g.add_argument("--shard-tls-ca", metavar="PEM",
+                   help="connect to the shards over TLS, verifying them with this CA")
+    g.add_argument("--shard-tls-cert", metavar="PEM",
+                   help="the router's client certificate, for shards that require mTLS "
+                        "(needs --shard-tls-key)")
+    g.add_argument("--shard-tls-key", metavar="PEM", help="private key of --shard-tls-cert")
     return p
+
+
+SHARD_TLS_FLAGS = ("--shard-tls-ca", "--shard-tls-cert", "--shard-tls-key")
+
+
+def load_tls(args: argparse.Namespace):
+    """(ServerTls | None, ClientTls | None) of the TLS flags; raises TlsError."""
+    return (server_tls(args.tls_cert, args.tls_key, args.tls_client_ca),
+            client_tls(args.shard_tls_ca, args.shard_tls_cert, args.shard_tls_key,
+                       flags=SHARD_TLS_FLAGS))
 
 
 def _positive_int(text: str) -> int:
@@ -117,6 +143,7 @@ def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port:
     host = address.rsplit(":", 1)[0]
     try:
         cluster_map = cmap.load(args.cluster_map)
+        tls, shard_tls = load_tls(args)  # checked in main too: read again by each process
         metrics = None
         if args.metrics_port:
             metrics = _serve_metrics(args.metrics_port + index, args.metrics_host or host)
@@ -124,7 +151,7 @@ def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port:
             cluster_map, address, limits=Limits(max_value_bytes=args.max_value_bytes),
             metrics=metrics, default_timeout=args.default_timeout,
             admin_timeout=args.admin_timeout, reuse_port=reuse_port, max_workers=args.workers,
-            max_calls_per_shard=args.max_calls_per_shard)
+            max_calls_per_shard=args.max_calls_per_shard, tls=tls, shard_tls=shard_tls)
     except (SieveError, OSError) as exc:
         print(f"router: cannot start: {exc}", file=sys.stderr, flush=True)
         if ready is not None:
@@ -136,7 +163,7 @@ def serve(args: argparse.Namespace, address: str, *, index: int = 0, reuse_port:
     else:
         if args.port_file:
             write_port_file(args.port_file, port)
-        print(f"sievekv router listening on {host}:{port}", flush=True)
+        print(f"sievekv router listening on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
     log.info("router process %d serving %d shard(s) on %s:%d", index, len(cluster_map.shards), host, port)
     wait_for_stop(stop)
     serving.drain(args.drain_grace)
@@ -348,10 +375,15 @@ def supervise(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
     if args.processes < 1:
         print("router: --processes must be at least 1", file=sys.stderr)
         return 2
+    try:
+        load_tls(args)  # fail before anything is spawned or bound
+    except TlsError as exc:
+        print(f"python -m router: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    _setup_logging(args.log_level)
     if args.processes == 1:
         return serve(args, args.listen)
     return supervise(args)

@@ -10,7 +10,12 @@ SIGTERM or SIGINT drains (:meth:`shard.serving.Serving.drain`): health NOT_SERVI
 UNAVAILABLE, in-flight calls finish (``--drain-grace`` seconds at most), then the memtable is
 flushed (unless ``--no-flush-on-exit``), the engine closes and the process exits 0.
 
-Exit codes: 0 after a drain, 1 when startup fails (one line on stderr), 2 for bad usage.
+TLS: ``--tls-cert`` and ``--tls-key`` serve TLS instead of plaintext; ``--tls-client-ca``
+also requires client certificates signed by that CA (mTLS). The files are checked before the
+engine opens (:mod:`shard.tls`); a bad one exits 2 with one line naming it.
+
+Exit codes: 0 after a drain, 1 when startup fails (one line on stderr), 2 for bad usage
+(including a TLS file that cannot be used).
 gRPC objects are created only in this process, after any fork: spawn it, never fork it after a
 channel or server exists.
 """
@@ -31,6 +36,7 @@ from engine.open_files import raise_to_hard
 from .backend import open_engine
 from .limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
 from .server import DEFAULT_WORKERS, create_server
+from .tls import TlsError, server_tls
 
 log = logging.getLogger("shard")
 
@@ -71,7 +77,28 @@ def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
                    help="with --exit-with-parent: the parent's pid (default: the parent at start); "
                         "a shard that finds another parent exits at once")
     p.add_argument("--log-level", default="INFO")
+    add_server_tls_args(p)
     return p
+
+
+def add_server_tls_args(p: argparse.ArgumentParser, what: str = "the listen port") -> None:
+    """--tls-cert, --tls-key, --tls-client-ca (shard and router)."""
+    g = p.add_argument_group("TLS", f"TLS of {what} (default: plaintext); see deploy/README.md")
+    g.add_argument("--tls-cert", metavar="PEM", help="server certificate chain; serve TLS "
+                   "(needs --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert (unencrypted)")
+    g.add_argument("--tls-client-ca", metavar="PEM",
+                   help="require client certificates signed by this CA (mutual TLS)")
+
+
+def load_server_tls(args: argparse.Namespace, prog: str):
+    """The ServerTls of --tls-cert/--tls-key/--tls-client-ca (None: plaintext); a file that
+    cannot be used prints one line ``PROG: error: ...`` on stderr and raises SystemExit(2)."""
+    try:
+        return server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except TlsError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def raise_open_file_limit(logger: logging.Logger = log) -> tuple[int, int]:
@@ -139,6 +166,7 @@ def watch_parent(stop: threading.Event, interval: float = 0.5, logger: logging.L
 def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str = "python -m shard") -> int:
     """Run a shard until SIGTERM. ``open_backend(path, **options)`` opens what is served."""
     args = build_parser(prog).parse_args(argv)
+    tls = load_server_tls(args, prog)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     name = args.name or os.path.basename(os.path.abspath(args.data_dir))
@@ -171,7 +199,7 @@ def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str =
             registry.register(EngineCollector(db))
             serve(args.metrics_port, args.metrics_host or host, registry)
         serving, port = create_server(db, args.listen, name=name, limits=limits, metrics=metrics,
-                                      max_workers=args.workers)
+                                      max_workers=args.workers, tls=tls)
     except (SieveError, OSError) as exc:
         print(f"shard {name}: cannot start: {exc}", file=sys.stderr)
         db.close()
@@ -180,7 +208,7 @@ def main(argv: list[str] | None = None, *, open_backend=open_engine, prog: str =
     serving.start()
     if args.port_file:
         write_port_file(args.port_file, port)
-    print(f"sievekv shard {name} listening on {host}:{port}", flush=True)
+    print(f"sievekv shard {name} listening on {host}:{port}{' (TLS)' if tls else ''}", flush=True)
     log.info("serving %s as shard %s on %s:%d", args.data_dir, name, host, port)
 
     wait_for_stop(stop)

@@ -12,16 +12,22 @@ import argparse
 import os
 import sys
 
-from . import exit_codes
-from .codec import ENCODINGS
-from .exit_codes import USAGE, CliError
+# gRPC's core logs each failed TLS handshake on stderr ("I... ssl_transport_security.cc...
+# Handshake failed") unless GRPC_VERBOSITY is set before grpc is first imported; the CLI
+# reports the failure in its one error line instead.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from . import exit_codes  # noqa: E402 (after GRPC_VERBOSITY)
+from .codec import ENCODINGS  # noqa: E402
+from .exit_codes import USAGE, CliError  # noqa: E402
 
 DESCRIPTION = """\
 sievekv: run and use a local sharded sievekv cluster.
 
 The cluster is found through --config / $SIEVEKV_CONFIG (its data_dir), --data-dir /
 $SIEVEKV_DATA_DIR, or ./sievekv-data; data commands use --router / $SIEVEKV_ROUTER or the
-router address recorded by `cluster start`."""
+router address recorded by `cluster start`. --tls-ca / $SIEVEKV_TLS_CA (and --tls-cert,
+--tls-key for mutual TLS) make every call TLS."""
 
 
 PUT_EPILOG = """\
@@ -85,6 +91,15 @@ def _common(p: argparse.ArgumentParser, *, router: bool = False,
                        help="router address; default: $SIEVEKV_ROUTER or the state file")
         g.add_argument("--timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
                        help=timeout_help)
+    t = p.add_argument_group("TLS (every call the command makes; default: plaintext)")
+    t.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM",
+                   help="connect over TLS, verifying servers with this CA certificate; "
+                        "default: $SIEVEKV_TLS_CA")
+    t.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="PEM",
+                   help="client certificate for servers that require mutual TLS (with "
+                        "--tls-key); default: $SIEVEKV_TLS_CERT")
+    t.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="PEM",
+                   help="private key of --tls-cert; default: $SIEVEKV_TLS_KEY")
 
 
 def _encoding(p: argparse.ArgumentParser) -> None:
@@ -263,11 +278,19 @@ def main(argv: list[str] | None = None) -> int:
             names = list(parser.commands)
             parser.error(f"missing COMMAND: {', '.join(names[:-1])} or {names[-1]}")
         _check_root_options(args)
+        from . import rpc
+
+        rpc.use_tls(args)
         code = args.func(args)
         sys.stdout.flush()
         return code
     except CliError as exc:
-        _error(str(exc))
+        message = str(exc)
+        if exc.code == exit_codes.UNREACHABLE:
+            from .rpc import tls_hint
+
+            message += tls_hint(message)
+        _error(message)
         return exc.code
     except KeyboardInterrupt:
         _error("interrupted")

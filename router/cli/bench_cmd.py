@@ -30,7 +30,7 @@ from multiprocessing.connection import wait
 import grpc
 
 from ..humanize import format_bytes, format_count
-from . import bench_worker, target
+from . import bench_worker, rpc, target
 from .bench_report import render, summarize
 from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, USAGE, CliError, code_for_grpc
 from .progress import StatusLine
@@ -178,7 +178,7 @@ def _preload(args, address: str, max_value_bytes: int, progress: StatusLine) -> 
     t0 = time.monotonic()
     done = 0
     with Client(address, timeout=args.timeout or DEFAULT_TIMEOUT,
-                max_value_bytes=max_value_bytes) as c:
+                max_value_bytes=max_value_bytes, **rpc.client_tls_args()) as c:
         try:
             for first in range(0, args.keys, batch):
                 last = min(first + batch, args.keys)
@@ -204,7 +204,8 @@ def cmd_bench(args) -> int:
     args.timeout = timeout
     spec = bench_worker.Spec(address=address, op=args.op, keys=args.keys,
                              value_size=args.value_size, batch=args.batch, sync=args.sync,
-                             timeout=timeout, max_value_bytes=limits.max_value_bytes)
+                             timeout=timeout, max_value_bytes=limits.max_value_bytes,
+                             tls=rpc.client_tls_args())
     setup = {"op": args.op, "clients": args.clients, "seconds": args.seconds, "keys": args.keys,
              "value_size": args.value_size, "batch": args.batch, "sync": args.sync,
              "preload": args.preload, "router": address}

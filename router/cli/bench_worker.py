@@ -53,6 +53,7 @@ class Spec:
     sync: bool
     timeout: float
     max_value_bytes: int
+    tls: dict = field(default_factory=dict)  # Client's tls_ca/tls_cert/tls_key (paths)
 
 
 @dataclass
@@ -93,7 +94,8 @@ def main(index: int, spec: Spec, conn, counters, stop) -> None:
     from ..client_errors import ClientError
 
     try:
-        client = Client(spec.address, timeout=spec.timeout, max_value_bytes=spec.max_value_bytes)
+        client = Client(spec.address, timeout=spec.timeout, max_value_bytes=spec.max_value_bytes,
+                        **spec.tls)
     except Exception as exc:  # a channel that cannot be made: report, do not hang the parent
         conn.send(("error", (type(exc).__name__, str(exc))))
         return

@@ -38,11 +38,12 @@ MAX_SCAN_LIMIT = 2**64 - 1  # ScanRequest.limit is a uint64
 def _client(args, limits: Limits | None = None):
     """A Client for the router, its messages sized by the cluster's limits (sizes.py)."""
     from ..client import Client
+    from . import rpc
 
     address = target.router_address(args)
     limits = limits or cluster_limits(args)
     return Client(address, timeout=getattr(args, "timeout", None) or DEFAULT_TIMEOUT,
-                  max_value_bytes=limits.max_value_bytes)
+                  max_value_bytes=limits.max_value_bytes, **rpc.client_tls_args())
 
 
 def _arg(s: str | None, args, what: str) -> bytes | None:

@@ -3,16 +3,91 @@
 ``cluster status`` asks each shard itself (the router may be the process that is down);
 ``filters`` and ``stats`` ask the router, which fans out. Each call opens and closes its own
 channel; a failure raises grpc.RpcError for the caller to map (exit_codes.from_rpc_error).
+
+TLS: the CLI's ``--tls-ca``/``--tls-cert``/``--tls-key`` (or ``$SIEVEKV_TLS_CA``,
+``$SIEVEKV_TLS_CERT``, ``$SIEVEKV_TLS_KEY``) are set once per command (:func:`use_tls`,
+from router/cli/app.py) and apply to every RPC the command makes: these calls, the data
+commands' and bench's :class:`router.client.Client` (:func:`client_tls_args`) and the health
+probes of ``cluster status`` (:func:`tls`). A file that cannot be used is a CliError (USAGE)
+at the first call; :func:`tls_hint` explains an UNAVAILABLE that was a TLS handshake failure.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import grpc
 
+from shard.tls import ClientTls, TlsError, channel, client_tls, looks_like_handshake_failure
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pb_grpc
+
+from .exit_codes import USAGE, CliError
+
+TLS_ENV = {"ca": "SIEVEKV_TLS_CA", "cert": "SIEVEKV_TLS_CERT", "key": "SIEVEKV_TLS_KEY"}
+_tls_paths: dict[str, str | None] = {"ca": None, "cert": None, "key": None}
+_tls_loaded: list = []  # [ClientTls | None] once loaded
+
+
+_tls_flags: dict[str, str] = {}  # part -> how it was given: "--tls-ca" or "$SIEVEKV_TLS_CA"
+
+
+def use_tls(args) -> None:
+    """Take the TLS paths of this command: ``--tls-X`` from ``args``, else ``$SIEVEKV_TLS_X``."""
+    for part, env in TLS_ENV.items():
+        given = getattr(args, f"tls_{part}", None)
+        _tls_paths[part] = given or os.environ.get(env) or None
+        _tls_flags[part] = f"--tls-{part}" if given or not os.environ.get(env) else f"${env}"
+    _tls_loaded.clear()
+
+
+def _flag(part: str) -> str:
+    return _tls_flags.get(part, f"--tls-{part}")
+
+
+def tls() -> ClientTls | None:
+    """The command's client credentials (None: plaintext), read and checked once; a file that
+    cannot be used raises CliError (USAGE) naming it."""
+    if not _tls_loaded:
+        try:
+            _tls_loaded.append(client_tls(_tls_paths["ca"], _tls_paths["cert"], _tls_paths["key"],
+                                          flags=(_flag("ca"), _flag("cert"), _flag("key"))))
+        except TlsError as exc:
+            raise CliError(str(exc), USAGE) from None
+    return _tls_loaded[0]
+
+
+def client_tls_args() -> dict:
+    """Keyword arguments of router.client.Client for the command's TLS (checked first)."""
+    tls()
+    return {"tls_ca": _tls_paths["ca"], "tls_cert": _tls_paths["cert"],
+            "tls_key": _tls_paths["key"]}
+
+
+def tls_hint(details: str) -> str:
+    """A hint to append to an UNAVAILABLE whose ``details`` read like a TLS handshake failure
+    (shard/tls.py, HANDSHAKE_WORDS); "" otherwise."""
+    if not looks_like_handshake_failure(details):
+        return ""
+    text = details.lower()
+    using = _tls_loaded[0] if _tls_loaded else None
+    if "shard " in text and " is unavailable: " in text:  # the router's call to a shard failed
+        why = ("between the router and that shard: check the router's --shard-tls-* options "
+               "against the shard's --tls-* options")
+    elif "wrong_version_number" in text:
+        why = "the server does not speak TLS (drop --tls-ca/$SIEVEKV_TLS_CA?)"
+    elif "certificate_verify_failed" in text:
+        why = ("the server's certificate is not signed by the --tls-ca CA, or does not name "
+               "the host dialled")
+    elif using is None:
+        why = "the server may require TLS: give --tls-ca (or $SIEVEKV_TLS_CA)"
+    elif using.cert is None:
+        why = ("the server may require a client certificate (mutual TLS): give --tls-cert and "
+               "--tls-key")
+    else:
+        why = "the server may have refused the client certificate (not signed by its client CA)"
+    return f" (TLS handshake failed? {why})"
 
 MAX_MESSAGE = 64 << 20  # reports of many tables can be large
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -32,15 +107,15 @@ _REQUESTS = {
 def admin_call(address: str, method: str, timeout: float, request=None):
     """Call Admin.<method> on ``address`` (with ``request``, else an empty one); returns
     (response, trailing_metadata)."""
-    channel = grpc.insecure_channel(address, options=_OPTIONS)
+    ch = channel(address, _OPTIONS, tls())
     try:
-        stub = pb_grpc.AdminStub(channel)
+        stub = pb_grpc.AdminStub(ch)
         rpc = getattr(stub, method)
         resp, call = rpc.with_call(request if request is not None else _REQUESTS[method](),
                                   timeout=timeout)
         return resp, call.trailing_metadata()
     finally:
-        channel.close()
+        ch.close()
 
 
 def report_json(address: str, method: str, timeout: float) -> dict:

@@ -69,7 +69,7 @@ def _probe(p: dict, now: float) -> dict:
     row = {
         "name": p["name"], "role": p["role"], "shard": p.get("shard"), "pid": p.get("pid"),
         "alive": alive, "address": p["address"], "status": p.get("status"),
-        "health": health_probe.probe(p["address"], STATUS_TIMEOUT) if alive else "DOWN",
+        "health": health_probe.probe(p["address"], STATUS_TIMEOUT, tls=rpc.tls()) if alive else "DOWN",
         "uptime_s": (now - p["started_at"]) if alive and p.get("started_at") else None,
         "restarts": p.get("restarts", 0), "last_exit": p.get("last_exit"),
         "workers": len(p.get("children") or []),

@@ -1,0 +1,189 @@
+"""TLS for every gRPC hop: PEM files read and checked up front, then gRPC credentials.
+
+- :class:`ServerTls` (``--tls-cert``, ``--tls-key``, optional ``--tls-client-ca``): what a
+  shard or router serves with. With ``client_ca`` the server requires a client certificate
+  signed by it (mutual TLS) and refuses connections without one during the handshake.
+- :class:`ClientTls` (``ca``, optional ``cert`` + ``key``): what a channel to a TLS server
+  uses: ``ca`` verifies the server (None: the system's roots), ``cert``/``key`` are the
+  client certificate that a server requiring mTLS checks.
+
+:func:`server_tls` and :func:`client_tls` read the files (plain reads; the bytes are what gRPC
+gets) and check them with the stdlib :mod:`ssl` module before any server or channel exists: a
+missing or unreadable file, a file with no PEM certificate or key, a key that does not belong
+to its certificate, or a certificate without its key raise :class:`TlsError` (one line naming
+the file and what is wrong). gRPC itself would only fail later, per connection, with a
+message that names no file.
+
+The hostname a client checks is the host of the address it dials (``127.0.0.1`` in a
+cluster map needs an IP subjectAltName, ``shard-0.example`` a DNS one). Files are read once:
+rotating a certificate needs a restart. The Prometheus metrics endpoints stay plain HTTP.
+Immutable objects; thread-safe.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+import grpc
+
+from engine.errors import InvalidArgumentError
+
+
+class TlsError(InvalidArgumentError):
+    """A TLS file cannot be used. ``str()`` is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    cert: bytes  # PEM certificate chain
+    key: bytes  # PEM private key
+    client_ca: bytes | None = None  # PEM CA certificates; set: client certificates required
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.client_ca,
+                                           require_client_auth=self.client_ca is not None)
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    ca: bytes | None = None  # PEM CA certificates; None: the system's roots
+    cert: bytes | None = None  # PEM client certificate chain (for servers requiring mTLS)
+    key: bytes | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise TlsError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _pem_text(data: bytes, path: str, what: str) -> str:
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise TlsError(f"{what} {path}: not a PEM file (binary data; DER is not supported)") from None
+
+
+def _read_certs(path: str, what: str) -> bytes:
+    """The bytes of ``path``, which must hold at least one PEM certificate."""
+    data = _read(path, what)
+    text = _pem_text(data, path, what)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except ssl.SSLError as exc:
+        if "BEGIN CERTIFICATE" not in text:
+            raise TlsError(f"{what} {path}: no PEM certificate in it") from None
+        raise TlsError(f"{what} {path}: bad PEM certificate ({_reason(exc)})") from None
+    return data
+
+
+def _read_key(path: str, what: str) -> bytes:
+    data = _read(path, what)
+    text = _pem_text(data, path, what)
+    if "ENCRYPTED PRIVATE KEY" in text or "Proc-Type: 4,ENCRYPTED" in text:
+        raise TlsError(f"{what} {path}: the key is encrypted (gRPC needs it without a passphrase)")
+    if "PRIVATE KEY-----" not in text:
+        raise TlsError(f"{what} {path}: no PEM private key in it")
+    return data
+
+
+def _reason(exc: ssl.SSLError) -> str:
+    return exc.reason or str(exc)
+
+
+def _check_pair(cert_path: str, key_path: str) -> None:
+    """Raise TlsError unless ``key_path`` is the private key of ``cert_path``'s certificate."""
+    def no_password():
+        raise TlsError(f"TLS key {key_path}: the key is encrypted")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path, no_password)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise TlsError(f"TLS key {key_path} does not match the certificate "
+                           f"{cert_path}") from None
+        raise TlsError(f"TLS key {key_path}: cannot load it with the certificate {cert_path} "
+                       f"({_reason(exc)})") from None
+    except OSError as exc:  # the file changed between the reads
+        raise TlsError(f"TLS key {key_path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _pair(cert: str | None, key: str | None, cert_flag: str, key_flag: str) -> None:
+    if bool(cert) != bool(key):
+        given, missing = (cert_flag, key_flag) if cert else (key_flag, cert_flag)
+        raise TlsError(f"{given} needs {missing} too (a certificate and its private key)")
+
+
+def server_tls(cert: str | None, key: str | None, client_ca: str | None = None, *,
+               flags: tuple[str, str, str] = ("--tls-cert", "--tls-key", "--tls-client-ca")
+               ) -> ServerTls | None:
+    """The checked ServerTls of these paths, or None (plaintext) when none is given.
+    ``flags`` name the options in messages. Raises TlsError (see the module doc)."""
+    _pair(cert, key, flags[0], flags[1])
+    if not cert:
+        if client_ca:
+            raise TlsError(f"{flags[2]} needs {flags[0]} and {flags[1]} (mTLS is TLS with "
+                           f"client certificates)")
+        return None
+    cert_bytes = _read_certs(cert, "TLS certificate")
+    key_bytes = _read_key(key, "TLS key")
+    _check_pair(cert, key)
+    ca_bytes = _read_certs(client_ca, "TLS client CA") if client_ca else None
+    return ServerTls(cert_bytes, key_bytes, ca_bytes)
+
+
+def client_tls(ca: str | None, cert: str | None = None, key: str | None = None, *,
+               enabled: bool = False,
+               flags: tuple[str, str, str] = ("--tls-ca", "--tls-cert", "--tls-key")
+               ) -> ClientTls | None:
+    """The checked ClientTls of these paths, or None (plaintext) when none is given and not
+    ``enabled`` (TLS verified by the system's roots). Raises TlsError."""
+    _pair(cert, key, flags[1], flags[2])
+    if not (ca or cert or enabled):
+        return None
+    ca_bytes = _read_certs(ca, "TLS CA") if ca else None
+    if not cert:
+        return ClientTls(ca_bytes)
+    cert_bytes = _read_certs(cert, "TLS certificate")
+    key_bytes = _read_key(key, "TLS key")
+    _check_pair(cert, key)
+    return ClientTls(ca_bytes, cert_bytes, key_bytes)
+
+
+def add_port(server: grpc.Server, address: str, tls: ServerTls | None) -> int:
+    """``server.add_secure_port`` with ``tls``, else ``add_insecure_port``; the bound port
+    (0 if it could not be bound). May raise RuntimeError as gRPC does."""
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.credentials())
+
+
+def channel(address: str, options=(), tls: ClientTls | None = None) -> grpc.Channel:
+    """A channel to ``address``: TLS with ``tls``, else plaintext."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, tls.credentials(), options=list(options))
+
+
+HANDSHAKE_WORDS = ("tls handshake failed", "ssl_error", "socket closed")
+"""Words of gRPC's UNAVAILABLE details when a connection failed in the TLS handshake, as
+grpc 1.85 reports them (tests/test_tls.py): a TLS client sees "Tls handshake failed
+(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: ...CERTIFICATE_VERIFY_FAILED" (wrong CA) or
+"...WRONG_VERSION_NUMBER" (the server is plaintext); a plaintext client of a TLS server, and
+a client without an accepted certificate of an mTLS server, see only "Socket closed" (the
+server hung up during the handshake). A server that is down reads "Connection refused"."""
+
+
+def looks_like_handshake_failure(details: str | None) -> bool:
+    """Whether UNAVAILABLE ``details`` suggest a TLS mismatch (a wrong CA, TLS against
+    plaintext or the reverse, a missing client certificate) rather than a server that is
+    down ("Connection refused")."""
+    text = (details or "").lower()
+    return any(w in text for w in HANDSHAKE_WORDS)
