@@ -79,6 +79,20 @@ class SupervisorSpec:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """[tls]: absolute paths of PEM files, "" = not set (plaintext when cert is "")."""
+
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+    client_ca: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     source: str  # the file it came from, or DEFAULT_CONFIG_NAME
     data_dir: str  # absolute
@@ -87,6 +101,7 @@ class ClusterConfig:
     engine: dict  # keyword arguments of engine.options.Options.from_kwargs (JSON-safe)
     limits: LimitsSpec
     supervisor: SupervisorSpec
+    tls: TlsSpec = TlsSpec()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -295,9 +310,30 @@ def from_toml(doc: dict, *, source: str, base_dir: str, check_filters: bool = Tr
     if sup.restart_delay_max < sup.restart_delay:
         sv.fail("restart_delay_max", "must be >= restart_delay")
 
-    cfg = ClusterConfig(source, data_dir, router, shards, engine, limits, sup)
+    cfg = ClusterConfig(source, data_dir, router, shards, engine, limits, sup,
+                        _tls(source, doc, d, base_dir))
     _check_ports(cfg)
     return cfg
+
+
+def _tls(source: str, doc: dict, d: dict, base_dir: str) -> TlsSpec:
+    """[tls] with absolute paths; the files themselves are checked when the cluster starts
+    (shard/tls.py), by the supervisor."""
+    t = _Section(source, "tls", doc.get("tls", {}), d["tls"])
+    paths = {}
+    for key in d["tls"]:
+        v = t.raw(key)
+        if not isinstance(v, str):
+            t.fail(key, f'must be a path or "" (off), got {_type_name(v)} {v!r}')
+        paths[key] = os.path.abspath(os.path.join(base_dir, os.path.expanduser(v))) if v else ""
+    spec = TlsSpec(**paths)
+    if bool(spec.cert) != bool(spec.key):
+        t.fail("key" if spec.cert else "cert", "missing: cert and key go together")
+    if spec.cert and not spec.ca:
+        t.fail("ca", "missing: with cert, the CA that signed it (to verify the servers)")
+    if not spec.cert and (spec.ca or spec.client_ca):
+        t.fail("ca" if spec.ca else "client_ca", "needs cert and key (TLS is off without them)")
+    return spec
 
 
 def _shards(source: str, doc: dict, d: dict) -> tuple[ShardSpec, ...]:
@@ -454,4 +490,5 @@ def from_dict(d: dict) -> ClusterConfig:
         engine=dict(d["engine"]),
         limits=LimitsSpec(**d["limits"]),
         supervisor=SupervisorSpec(**d["supervisor"]),
+        tls=TlsSpec(**d.get("tls", {})),  # absent in state files of older versions
     )

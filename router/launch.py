@@ -39,6 +39,7 @@ def shard_spec(cfg: ClusterConfig, shard: ShardSpec) -> ProcessSpec:
         argv += ["--engine-option", f"{name}={json.dumps(value)}"]
     if shard.metrics_port:
         argv += ["--metrics-port", str(shard.metrics_port)]
+    argv += server_tls_args(cfg)
     return ProcessSpec(shard.name, "shard", shard.index, shard.address, shard.metrics_port,
                        tuple(argv), cs.log_path(cfg.data_dir, shard.name), ddir)
 
@@ -70,8 +71,38 @@ def router_spec(cfg: ClusterConfig) -> ProcessSpec:
         argv += ["--max-calls-per-shard", str(r.max_calls_per_shard)]
     if r.metrics_port:
         argv += ["--metrics-port", str(r.metrics_port)]
+    argv += server_tls_args(cfg)
+    if cfg.tls.enabled:
+        argv += ["--shard-tls-ca", cfg.tls.ca]
+        if cfg.tls.client_ca:  # the shards require a client certificate: the same one
+            argv += ["--shard-tls-cert", cfg.tls.cert, "--shard-tls-key", cfg.tls.key]
     return ProcessSpec("router", "router", None, r.address, r.metrics_port, tuple(argv),
                        cs.log_path(cfg.data_dir, "router"), None)
+
+
+def server_tls_args(cfg: ClusterConfig) -> list[str]:
+    """The TLS flags of a shard's or the router's listen port ([tls]; none when off)."""
+    t = cfg.tls
+    if not t.enabled:
+        return []
+    return ["--tls-cert", t.cert, "--tls-key", t.key] + (
+        ["--tls-client-ca", t.client_ca] if t.client_ca else [])
+
+
+def client_tls(cfg: ClusterConfig):
+    """The checked shard.tls.ClientTls with which a client of this cluster (the supervisor's
+    health checks, the CLI) connects: the [tls] ca, and cert/key as the client certificate
+    when the servers require one; None when TLS is off. Also checks the servers' files.
+    Raises shard.tls.TlsError naming the file."""
+    from shard import tls
+
+    t = cfg.tls
+    if not t.enabled:
+        return None
+    flags = ("[tls] cert", "[tls] key", "[tls] client_ca")
+    tls.server_tls(t.cert, t.key, t.client_ca or None, flags=flags)
+    return tls.client_tls(t.ca, t.cert if t.client_ca else None, t.key if t.client_ca else None,
+                          flags=("[tls] ca", "[tls] cert", "[tls] key"))
 
 
 def cluster_map_path(data_dir: str) -> str:

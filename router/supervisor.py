@@ -40,6 +40,7 @@ import psutil
 
 from engine.errors import LockedError
 from engine.vfs import FileSystem
+from shard.tls import TlsError
 
 from . import cluster_state as cs
 from . import health_probe, launch, preflight
@@ -180,6 +181,7 @@ class Supervisor:
         self.save_error: OSError | None = None  # why it failed
         # Seconds from SIGTERM to SIGKILL when stopping; `cluster stop --timeout` sets it.
         self.stop_timeout = cfg.supervisor.stop_timeout
+        self.probe_tls = None  # shard.tls.ClientTls of the health checks ([tls]), if any
 
     # -- reporting -------------------------------------------------------------------------
     def report(self, **event) -> None:
@@ -307,6 +309,10 @@ class Supervisor:
             preflight.check_layout(cfg)  # last: a first start records the layout
         except preflight.PreflightError as exc:
             raise StartFailure(str(exc), exc.kind) from None
+        try:
+            self.probe_tls = launch.client_tls(cfg)  # before any process gets the files
+        except TlsError as exc:
+            raise StartFailure(f"config {cfg.source}: [tls]: {exc}", "config") from None
         self.cfg = cfg
         launch.write_cluster_map(cfg)
         self._open_control()
@@ -389,7 +395,8 @@ class Supervisor:
                     changed = True
                 elif now >= c.next_probe:
                     c.next_probe = now + 0.1
-                    if health_probe.probe(c.spec.address, PROBE_TIMEOUT) == health_probe.SERVING:
+                    if health_probe.probe(c.spec.address, PROBE_TIMEOUT,
+                                          tls=self.probe_tls) == health_probe.SERVING:
                         c.status = ProcStatus.SERVING
                         c.serving_since = time.time()
                         if c.spec.role == "router":

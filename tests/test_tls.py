@@ -12,6 +12,7 @@ client certificates. The module starts:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import grpc
 import pytest
 
 from router import client_errors as errors
+from router import cluster_state as cs
 from router import health_probe
 from router.client import Client
 from router.cli import rpc
@@ -331,3 +333,65 @@ def test_router_refuses_bad_tls_files_at_startup(pki, tmp_path, processes):
         assert r.returncode == 2, (name, r.returncode, r.stderr)
         lines = r.stderr.splitlines()
         assert len(lines) == 1 and words in lines[0], (name, r.stderr)
+
+
+# -- the local cluster ([tls] of the config) ------------------------------------------------
+
+def _cluster_conf(tmp_path, p: Pki, **tls_keys) -> str:
+    conf = tmp_path / "cluster.toml"
+    lines = [f'{k} = "{v}"' for k, v in tls_keys.items()]
+    conf.write_text("\n".join([
+        "[cluster]", 'data_dir = "data"', "[router]", 'listen = "127.0.0.1:0"',
+        "[shards]", "count = 2", "base_port = 0", "[supervisor]", "start_timeout = 30.0",
+        "stop_timeout = 10.0", "[tls]", *lines, ""]))
+    return str(conf)
+
+
+def _stop_cluster(tmp_path, conf: str) -> None:
+    sievekv(tmp_path, "cluster", "stop", "--config", conf, "--timeout", "5")
+    try:
+        doc = cs.read_state(str(tmp_path / "data"))
+    except cs.StateError:
+        return
+    for _, pid, ct in cs.recorded_pids(doc):
+        if cs.pid_alive(pid, ct):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_local_cluster_with_mutual_tls(pki, tmp_path):
+    """[tls] with client_ca: the supervisor starts shards and router with TLS, probes them
+    with the client certificate, and the CLI's calls use the recorded [tls] by themselves."""
+    # cert is also the client certificate of the router, the supervisor and the CLI: it
+    # must allow clientAuth as well as serverAuth
+    conf = _cluster_conf(tmp_path, pki, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
+                         client_ca=pki.ca)
+    try:
+        r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
+        assert r.returncode == 0, r.stderr
+        env = {"SIEVEKV_CONFIG": conf}
+        assert sievekv(tmp_path, "put", "a", "1", env=env).returncode == 0
+        r = sievekv(tmp_path, "get", "a", env=env)
+        assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+        r = sievekv(tmp_path, "cluster", "status", "--json", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        assert {row["health"] for row in doc["processes"]} == {"SERVING"}, doc
+        # a plaintext client of the cluster's router is refused; with the files it is served
+        router = cs.read_state(str(tmp_path / "data"))["router_address"]
+        r = sievekv(tmp_path, "get", "a", "--router", router, "--timeout", "5")
+        assert r.returncode == 3 and "TLS handshake failed?" in r.stderr, r.stderr
+        r = sievekv(tmp_path, "get", "a", "--router", router, "--tls-ca", pki.ca,
+                    "--tls-cert", pki.client_cert, "--tls-key", pki.client_key)
+        assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+    finally:
+        _stop_cluster(tmp_path, conf)
+
+
+def test_local_cluster_refuses_unusable_tls_files(pki, tmp_path):
+    conf = _cluster_conf(tmp_path, pki, cert=pki.server_cert, key=pki.client_key, ca=pki.ca)
+    try:
+        r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert r.stderr.count("\n") == 1 and "does not match" in r.stderr, r.stderr
+    finally:
+        _stop_cluster(tmp_path, conf)

@@ -1,5 +1,7 @@
 """Test certificates made with ``cryptography``: a CA, a server certificate for 127.0.0.1 and
-localhost, a client certificate, and a second, unrelated CA (with its own server certificate).
+localhost, a client certificate, a "node" certificate for both uses (a local cluster's
+[tls] cert with client_ca), and a second, unrelated CA (with its own server and client
+certificates).
 
 ``make_pki(directory) -> Pki`` writes PEM files and returns their paths. Keys are EC P-256
 (fast to make); certificates are valid from an hour ago for a day.
@@ -30,6 +32,8 @@ class Pki:
     other_server_key: str
     other_client_cert: str  # signed by other_ca
     other_client_key: str
+    node_cert: str  # signed by ca, SAN 127.0.0.1/localhost, for server and client use
+    node_key: str
 
 
 def _name(cn: str) -> x509.Name:
@@ -68,16 +72,20 @@ def make_ca(directory: str, name: str):
     return cert, key, path
 
 
-def make_leaf(directory: str, name: str, ca_cert, ca_key, *, server: bool) -> tuple[str, str]:
-    """(cert path, key path) of a certificate for ``name`` signed by the CA."""
+def make_leaf(directory: str, name: str, ca_cert, ca_key, *, server: bool,
+              client: bool = False) -> tuple[str, str]:
+    """(cert path, key path) of a certificate for ``name`` signed by the CA: ``server`` (SAN
+    127.0.0.1 and localhost, extendedKeyUsage serverAuth, plus clientAuth with ``client``)
+    or a client certificate (clientAuth only)."""
     key = ec.generate_private_key(ec.SECP256R1())
     b = _builder(name, ca_cert.subject, key.public_key()).add_extension(
         x509.BasicConstraints(ca=False, path_length=None), critical=True)
     if server:
         b = b.add_extension(x509.SubjectAlternativeName([
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            critical=False).add_extension(x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH] + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])),
+            critical=False)
     else:
         b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
     cert = b.sign(ca_key, hashes.SHA256())
@@ -93,5 +101,6 @@ def make_pki(directory: str) -> Pki:
     other_cert, other_key, other_ca = make_ca(directory, "other-ca")
     o_server_cert, o_server_key = make_leaf(directory, "other-server", other_cert, other_key, server=True)
     o_client_cert, o_client_key = make_leaf(directory, "other-client", other_cert, other_key, server=False)
+    node_cert, node_key = make_leaf(directory, "node", ca_cert, ca_key, server=True, client=True)
     return Pki(ca, server_cert, server_key, client_cert, client_key, other_ca,
-               o_server_cert, o_server_key, o_client_cert, o_client_key)
+               o_server_cert, o_server_key, o_client_cert, o_client_key, node_cert, node_key)

@@ -44,6 +44,7 @@ def render(cfg: ClusterConfig, header: str = "") -> str:
     out += ["", "[supervisor]"] + [_kv(k, getattr(sv, k)) for k in (
         "start_timeout", "stop_timeout", "restart_delay", "restart_delay_max", "max_restarts",
         "restart_window")]
+    out += ["", "[tls]"] + [_kv(k, getattr(cfg.tls, k)) for k in ("cert", "key", "ca", "client_ca")]
     return "\n".join(out) + "\n"
 
 

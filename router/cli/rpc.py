@@ -33,13 +33,39 @@ _tls_loaded: list = []  # [ClientTls | None] once loaded
 _tls_flags: dict[str, str] = {}  # part -> how it was given: "--tls-ca" or "$SIEVEKV_TLS_CA"
 
 
+_tls_args: list = [None]  # the command's arguments, for the local cluster's [tls]
+
+
 def use_tls(args) -> None:
-    """Take the TLS paths of this command: ``--tls-X`` from ``args``, else ``$SIEVEKV_TLS_X``."""
+    """Take the TLS paths of this command: ``--tls-X`` from ``args``, else ``$SIEVEKV_TLS_X``,
+    else (none of them given, and no --router / $SIEVEKV_ROUTER) the ``[tls]`` of the local
+    cluster's config recorded in its state file (read at the first call)."""
     for part, env in TLS_ENV.items():
         given = getattr(args, f"tls_{part}", None)
         _tls_paths[part] = given or os.environ.get(env) or None
         _tls_flags[part] = f"--tls-{part}" if given or not os.environ.get(env) else f"${env}"
+    _tls_args[0] = args
     _tls_loaded.clear()
+
+
+def _local_cluster_tls(args) -> None:
+    """Fill the paths from the running local cluster's [tls] (see use_tls), if it has TLS."""
+    from .. import cluster_state as cs
+    from . import target
+
+    if args is None or getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER"):
+        return
+    try:
+        doc = cs.read_state(target.data_dir(args))
+    except (cs.StateError, CliError):
+        return
+    t = doc.get("config", {}).get("tls") or {}
+    if not t.get("cert") or not t.get("ca"):
+        return
+    mutual = bool(t.get("client_ca"))
+    _tls_paths.update(ca=t["ca"], cert=t["cert"] if mutual else None,
+                      key=t["key"] if mutual else None)
+    _tls_flags.update(ca="[tls] ca", cert="[tls] cert", key="[tls] key")
 
 
 def _flag(part: str) -> str:
@@ -50,6 +76,8 @@ def tls() -> ClientTls | None:
     """The command's client credentials (None: plaintext), read and checked once; a file that
     cannot be used raises CliError (USAGE) naming it."""
     if not _tls_loaded:
+        if not any(_tls_paths.values()):
+            _local_cluster_tls(_tls_args[0])
         try:
             _tls_loaded.append(client_tls(_tls_paths["ca"], _tls_paths["cert"], _tls_paths["key"],
                                           flags=(_flag("ca"), _flag("cert"), _flag("key"))))
