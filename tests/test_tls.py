@@ -231,6 +231,17 @@ def test_cli_over_tls_with_options_and_environment(net, tmp_path):
     assert r.returncode in (0, 5), r.stderr
 
 
+def test_cli_bench_client_processes_use_tls(net, tmp_path):
+    p = net.pki
+    r = sievekv(tmp_path, "bench", "--router", net.mtls_router.address, "--clients", "1",
+                "--seconds", "0.5", "--keys", "100", "--op", "mixed", "--json", "-q",
+                env={"SIEVEKV_TLS_CA": p.ca, "SIEVEKV_TLS_CERT": p.client_cert,
+                     "SIEVEKV_TLS_KEY": p.client_key})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["total"]["calls"] > 0 and doc["total"]["errors"] == {}, doc
+
+
 @pytest.mark.parametrize("case", ["plaintext", "wrong-ca", "tls-to-plaintext", "no-client-cert"])
 def test_cli_handshake_failure_is_one_line_and_exit_3(net, tmp_path, case):
     p = net.pki
