@@ -16,7 +16,9 @@ warmed before measuring) runs unary Get calls/s and MultiGet of 100 keys keys/s 
 setup for ``--seconds``, the setups interleaved in a new random order each round so that
 background load on the shared machine hits them alike. Printed: the median of ``--rounds``
 rounds per setup and op, and each setup's ratio to plaintext (the median of the per-round
-ratios). TLS is set up once per connection: with long-lived channels, what is measured is the
+ratios, and their range), and the CPU time per call of the client, the router and the shard
+together (psutil), which a loaded machine disturbs less than the rates. TLS is set up once
+per connection: with long-lived channels, what is measured is the
 per-message cost (encryption, framing), not handshakes. Certificates are made at start
 (tests/tls_certs.py, EC P-256). Every process started here is stopped at the end (also on
 error or Ctrl-C).
@@ -32,6 +34,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -71,10 +75,18 @@ def start(servers: Servers, root: str, pki) -> dict[str, tuple[str, dict]]:
     return out
 
 
-def measure(client, op: str, seconds: float, keys: list[bytes]) -> float:
-    """Calls/s (get) or keys/s (mget) of ``op`` for ``seconds``."""
+def _cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def measure(client, op: str, seconds: float, keys: list[bytes],
+            pids: tuple[int, ...]) -> tuple[float, float]:
+    """(calls/s (get) or keys/s (mget), CPU microseconds per call of this process and
+    ``pids`` together) of ``op`` for ``seconds``."""
     batches = [keys[i:i + MULTIGET_KEYS] for i in range(0, len(keys), MULTIGET_KEYS)]
     n = i = 0
+    cpu0 = time.process_time() + sum(_cpu(p) for p in pids)
     t0 = time.perf_counter()
     end = t0 + seconds
     while time.perf_counter() < end:
@@ -85,7 +97,9 @@ def measure(client, op: str, seconds: float, keys: list[bytes]) -> float:
             client.multi_get(batches[i % len(batches)])
             n += MULTIGET_KEYS
         i += 1
-    return n / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() + sum(_cpu(p) for p in pids) - cpu0
+    return n / elapsed, cpu / max(i, 1) * 1e6
 
 
 def main() -> int:
@@ -115,12 +129,16 @@ def main() -> int:
                 c.get(k)
             c.multi_get(keys[:MULTIGET_KEYS])
         rates = {(s, op): [] for s in SETUPS for op in ("get", "mget")}
+        cpus = {(s, op): [] for s in SETUPS for op in ("get", "mget")}
+        pids = {s: (servers.pids[f"shard-{s}"], servers.pids[f"router-{s}"]) for s in SETUPS}
         for r in range(args.rounds):
             order = list(SETUPS)
             rng.shuffle(order)
             for op in ("get", "mget"):
                 for setup in order:
-                    rates[(setup, op)].append(measure(clients[setup], op, args.seconds, keys))
+                    rate, cpu = measure(clients[setup], op, args.seconds, keys, pids[setup])
+                    rates[(setup, op)].append(rate)
+                    cpus[(setup, op)].append(cpu)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for c in clients.values():
@@ -134,13 +152,25 @@ def main() -> int:
           f"{args.seconds:g} s")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"(1 min; {os.cpu_count()} CPUs, shared machine)")
-    print(f"{'setup':<10} {'Get calls/s':>12} {'vs plain':>9} {'MultiGet-100 keys/s':>20} {'vs plain':>9}")
+    print(f"{'setup':<10} {'Get calls/s':>12} {'vs plain':>9} {'(rounds)':>12} "
+          f"{'MultiGet-100 keys/s':>20} {'vs plain':>9} {'(rounds)':>12}")
     for setup in SETUPS:
         row = [f"{setup:<10}"]
         for op, width in (("get", 12), ("mget", 20)):
             mine = rates[(setup, op)]
-            base = rates[("plaintext", op)]
-            ratio = statistics.median(m / b for m, b in zip(mine, base))
+            ratios = [m / b for m, b in zip(mine, rates[("plaintext", op)])]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            row += [f"{statistics.median(mine):>{width},.0f}",
+                    f"{statistics.median(ratios):>8.2f}x", f"{spread:>12}"]
+        print(" ".join(row))
+    print("CPU per call, client + router + shard (us; less sensitive to the machine's load than "
+          "the rates)")
+    print(f"{'setup':<10} {'Get':>8} {'vs plain':>9} {'MultiGet-100':>13} {'vs plain':>9}")
+    for setup in SETUPS:
+        row = [f"{setup:<10}"]
+        for op, width in (("get", 8), ("mget", 13)):
+            mine = cpus[(setup, op)]
+            ratio = statistics.median(m / b for m, b in zip(mine, cpus[("plaintext", op)]))
             row += [f"{statistics.median(mine):>{width},.0f}", f"{ratio:>8.2f}x"]
         print(" ".join(row))
     return 0
