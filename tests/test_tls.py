@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 
-import grpc
 import pytest
 
 from router import client_errors as errors
@@ -27,8 +26,8 @@ from router import health_probe
 from router.client import Client
 from router.cli import rpc
 from shard import tls
-from tests.conftest import REPO, start_router_process, start_shard_process, write_cluster_map
-from tests.tls_certs import Pki, make_pki
+from .conftest import REPO, start_router_process, start_shard_process, write_cluster_map
+from .tls_certs import Pki, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +271,17 @@ def test_cli_bad_tls_file_is_a_usage_error(net, tmp_path):
                                      "certificate and its private key)"]
 
 
-def test_tls_hint_only_for_handshake_failures():
-    rpc.use_tls(object())
+@pytest.fixture
+def no_cli_tls():
+    """rpc's per-command TLS state, reset after the test (other tests call rpc directly)."""
+    rpc.use_tls(None)
+    try:
+        yield
+    finally:
+        rpc.use_tls(None)
+
+
+def test_tls_hint_only_for_handshake_failures(no_cli_tls):
     assert rpc.tls_hint("get: UNAVAILABLE: failed to connect to all addresses; last error: "
                         "UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: "
                         "Connection refused") == ""

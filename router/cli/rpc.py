@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 
-import grpc
-
 from shard.tls import ClientTls, TlsError, channel, client_tls, looks_like_handshake_failure
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pb_grpc
@@ -26,14 +24,11 @@ from sievekv_proto import sievekv_pb2_grpc as pb_grpc
 from .exit_codes import USAGE, CliError
 
 TLS_ENV = {"ca": "SIEVEKV_TLS_CA", "cert": "SIEVEKV_TLS_CERT", "key": "SIEVEKV_TLS_KEY"}
+# The command's TLS settings (one command per process; set by use_tls from the main thread).
 _tls_paths: dict[str, str | None] = {"ca": None, "cert": None, "key": None}
-_tls_loaded: list = []  # [ClientTls | None] once loaded
-
-
 _tls_flags: dict[str, str] = {}  # part -> how it was given: "--tls-ca" or "$SIEVEKV_TLS_CA"
-
-
 _tls_args: list = [None]  # the command's arguments, for the local cluster's [tls]
+_tls_loaded: list = []  # [ClientTls | None] once loaded
 
 
 def use_tls(args) -> None:
