@@ -306,6 +306,7 @@ class Supervisor:
         try:
             cfg = preflight.resolve_ports(cfg)
             preflight.check_ports(cfg)
+            preflight.check_no_restore(cfg)  # an interrupted `cluster restore` is settled first
             preflight.check_layout(cfg)  # last: a first start records the layout
         except preflight.PreflightError as exc:
             raise StartFailure(str(exc), exc.kind) from None
@@ -389,6 +390,9 @@ class Supervisor:
                 if now >= c.deadline:
                     _log(f"{c.spec.name} not SERVING after {c.start_timeout:g}s; killing it")
                     c.last_exit = f"not SERVING within {c.start_timeout:g}s"
+                    if self.probe_tls is not None:  # the health checks use [tls]
+                        c.last_exit += (" (TLS on: is its certificate signed by [tls] ca, and "
+                                        "does it name the host it listens on?)")
                     c.signal(signal.SIGKILL)
                     c.popen.wait()
                     self._on_exit(c, now, reason=c.last_exit)

@@ -414,3 +414,17 @@ def test_local_cluster_refuses_unusable_tls_files(pki, tmp_path):
         assert r.stderr.count("\n") == 1 and "does not match" in r.stderr, r.stderr
     finally:
         _stop_cluster(tmp_path, conf)
+
+
+def test_local_cluster_whose_certificate_the_ca_did_not_sign_names_tls(pki, tmp_path):
+    conf = _cluster_conf(tmp_path, pki, cert=pki.other_server_cert, key=pki.other_server_key,
+                         ca=pki.ca)
+    text = open(conf).read().replace("start_timeout = 30.0", "start_timeout = 3.0")
+    open(conf, "w").write(text)
+    try:
+        r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
+        assert r.returncode != 0
+        assert "not SERVING within 3s (TLS on: is its certificate signed by [tls] ca" in r.stderr, \
+            r.stderr
+    finally:
+        _stop_cluster(tmp_path, conf)
