@@ -7,6 +7,8 @@
   restarted shard comes back where the router expects it.
 * :func:`check_layout` refuses a config whose shard slot ranges differ from those the data
   directory was created with: keys would be looked up on the wrong shard.
+* :func:`check_no_restore` refuses a data directory that holds an interrupted ``cluster
+  restore`` (router/restore_journal.py): it may hold some shards restored and others not.
 
 Each function returns or raises plain values; no process is started.
 """
@@ -18,6 +20,7 @@ import os
 import socket
 
 from . import cluster_state as cs
+from . import restore_journal
 from .config import ClusterConfig
 
 
@@ -91,6 +94,13 @@ def check_ports(cfg: ClusterConfig) -> None:
         who, h, p = busy[0]
         more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
         raise PreflightError(f"port {p} on {h} ({who}) is already in use{more}", "conflict")
+
+
+def check_no_restore(cfg: ClusterConfig) -> None:
+    """Raise PreflightError ("config") while the data directory holds a restore journal."""
+    why = restore_journal.refusal(cfg.data_dir)
+    if why:
+        raise PreflightError(why, "config")
 
 
 def layout_of(cfg: ClusterConfig) -> dict:

@@ -107,6 +107,13 @@ def _encoding(p: argparse.ArgumentParser) -> None:
                    help="how keys and values are written: text (default), hex or base64")
 
 
+def _cmd_restore(args) -> int:
+    """``cluster restore``, imported on use: it loads the engine (over a second)."""
+    from .restore_cmd import cmd_restore
+
+    return cmd_restore(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import (bench_cmd, checkpoint_cmd, data_cmds, lifecycle, report_cmds, status,
                    verify_cmd)
@@ -132,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run a local cluster: a supervisor process owns the shard "
                                     "and router processes and restarts a shard that dies.")
     csub = cl.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
-    cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status or restart"))
+    cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status, restart or "
+                                            "restore"))
     p = command(csub, "start", lifecycle.cmd_start,
                 "start the shards and the router in the background; print the router address")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
@@ -147,6 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(csub, "restart", lifecycle.cmd_restart,
                 "restart one shard (--shard N) or stop and start the whole cluster")
     p.add_argument("--shard", type=int, metavar="N", help="restart only shard N")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(csub, "restore", _cmd_restore,
+                "replace the stopped cluster's data by a checkpoint (`sievekv checkpoint`): "
+                "checks its shards and slot layout, stages and verifies a copy of each, then "
+                "moves the old data to DATA_DIR/restore-backup-<time>/ and the copies in place")
+    p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR",
+                   help="the directory `sievekv checkpoint` wrote (one subdirectory per shard)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="do not open the staged copies and check every checksum first")
+    p.add_argument("--finish", action="store_true",
+                   help="finish a restore that was interrupted while swapping directories")
+    p.add_argument("--undo", action="store_true",
+                   help="undo a restore that was interrupted while swapping directories: put "
+                        "the old data back")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- data ----------------------------------------------------------------------------

@@ -1,0 +1,371 @@
+"""``sievekv cluster restore CHECKPOINT_DIR``: put a checkpoint (``sievekv checkpoint``) back
+in place of a stopped local cluster's data (docs/cli.md, "cluster restore").
+
+Steps, each refusing with one line before anything is changed:
+
+1. Take the cluster lock (held to the end, so no ``cluster start`` runs meanwhile); a running
+   cluster holds it: CONFLICT (6). An interrupted restore (router/restore_journal.py) or a
+   data directory recorded with another slot layout: USAGE (2).
+2. CHECKPOINT_DIR holds exactly one complete checkpoint per configured shard, named as the
+   shard: no missing, extra or ``*.checkpoint-tmp`` entry, each with ``CURRENT`` and every
+   table its manifest lists (engine/db_copy.py ``describe``): else USAGE (2).
+3. Layout: the smallest and largest key of every table must hash (router/slots.py) into the
+   slot range the config gives that shard, else USAGE (2). A check of boundary keys: with
+   random hashing a checkpoint of another layout fails it almost surely, but it is no proof.
+4. Stage each shard as ``<data_dir>/shard-N.restore-tmp`` (same file system as the data, so
+   the swap is a rename): tables hard-linked or copied, manifest and CURRENT copied, synced.
+5. Unless ``--no-verify``: open each staged copy with the config's engine options (automatic
+   compactions off, no table workers) and check every checksum (engine/verify.py). Damage:
+   ERROR (1), as ``sievekv verify``; every staged copy is removed.
+6. Write the journal, move each shard's data directory to
+   ``<data_dir>/restore-backup-<UTC time>/shard-N`` and the staged copy into its place (Ctrl-C
+   is ignored for these renames), sync, remove the journal, record the layout.
+
+``--finish`` / ``--undo`` settle a restore a crash interrupted in step 6.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from engine import DB
+from engine.db_copy import IncompleteError, copy_db, describe
+from engine.errors import CorruptionError, LockedError, SieveError, StorageIOError
+from engine.checkpoint import STAGING_SUFFIX as CHECKPOINT_STAGING_SUFFIX
+from engine.progress import Progress
+from engine.vfs import FileSystem
+
+from .. import cluster_state as cs
+from .. import preflight
+from .. import restore_journal as rj
+from ..config import ClusterConfig
+from ..humanize import format_bytes, format_count
+from ..slots import slot_of
+from . import target
+from .exit_codes import CONFLICT, ERROR, OK, USAGE, CliError
+from .progress import StatusLine
+
+
+def cmd_restore(args) -> int:
+    cfg = target.load_config(args)
+    if args.finish or args.undo:
+        if args.checkpoint:
+            raise CliError("--finish and --undo take no CHECKPOINT_DIR (the journal names it)",
+                           USAGE)
+        if args.finish and args.undo:
+            raise CliError("--finish and --undo exclude each other", USAGE)
+    elif not args.checkpoint:
+        raise CliError("missing CHECKPOINT_DIR (or --finish / --undo)", USAGE)
+    lock = _take_lock(cfg)
+    try:
+        if args.finish or args.undo:
+            return _settle(cfg, undo=args.undo)
+        return _restore(cfg, os.path.abspath(args.checkpoint), args)
+    finally:
+        lock.release()
+
+
+def _take_lock(cfg: ClusterConfig):
+    """The cluster lock, held by this command (lifecycle's check, keeping the lock)."""
+    path = cs.lock_path(cfg.data_dir)
+    try:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        return FileSystem().lock(path)
+    except LockedError:
+        raise CliError(f"data directory {cfg.data_dir} is locked by a running cluster; stop it "
+                       f"first with `sievekv cluster stop`; nothing was changed",
+                       CONFLICT) from None
+    except OSError as exc:
+        raise CliError(f"cannot open the cluster lock {path}: {cs.os_reason(exc)}",
+                       USAGE if cs.unusable_data_dir(exc) else ERROR) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# checks (nothing changed)
+# ---------------------------------------------------------------------------------------------
+
+def _check_data_dir(cfg: ClusterConfig) -> None:
+    why = rj.refusal(cfg.data_dir)
+    if why:
+        raise CliError(why, USAGE)
+    try:
+        preflight_layout = _recorded_layout(cfg)
+    except preflight.PreflightError as exc:
+        raise CliError(str(exc), USAGE) from None
+    if preflight_layout is not None and preflight_layout != preflight.layout_of(cfg):
+        have = ",".join(f"{lo}-{hi}" for lo, hi in preflight_layout.get("slots", []))
+        raise CliError(f"{cfg.data_dir} was created with slot ranges {have}, this config has "
+                       f"{_ranges(cfg)}: restore into a data directory of this layout (or a new "
+                       f"one); nothing was changed", USAGE)
+
+
+def _recorded_layout(cfg: ClusterConfig) -> dict | None:
+    import json
+
+    path = os.path.join(cfg.data_dir, cs.LAYOUT_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise preflight.PreflightError(f"cannot read {path}: {exc}", "config") from None
+
+
+def _ranges(cfg: ClusterConfig) -> str:
+    return ",".join(f"{s.slot_start}-{s.slot_end}" for s in cfg.shards)
+
+
+def check_checkpoint(cfg: ClusterConfig, base: str, fs: FileSystem) -> dict:
+    """{shard name: DbFiles} of the checkpoint in ``base`` (steps 2 and 3). CliError if not."""
+    if not os.path.isdir(base):
+        raise CliError(f"{base} is not a directory", USAGE)
+    want = {s.name: s for s in cfg.shards}
+    have = sorted(os.listdir(base))
+    for name in have:
+        if name.endswith(CHECKPOINT_STAGING_SUFFIX):
+            raise CliError(f"{os.path.join(base, name)} is an unfinished checkpoint's staging "
+                           f"directory: this checkpoint is incomplete", USAGE)
+    extra = [n for n in have if n not in want]
+    if extra:
+        raise CliError(f"{os.path.join(base, extra[0])} is not a shard of this config "
+                       f"({len(cfg.shards)} shards, shard-0..shard-{len(cfg.shards) - 1}): a "
+                       f"checkpoint of another layout?", USAGE)
+    missing = [n for n in want if n not in have]
+    if missing:
+        raise CliError(f"checkpoint {base} has no {missing[0]} (this config has "
+                       f"{len(cfg.shards)} shards)", USAGE)
+    out = {}
+    for name, spec in want.items():
+        path = os.path.join(base, name)
+        try:
+            files = describe(fs, path)
+        except IncompleteError as exc:
+            raise CliError(f"checkpoint {name} is incomplete: {exc}", USAGE) from None
+        except CorruptionError as exc:
+            raise CliError(f"checkpoint {name} is damaged: {exc}", ERROR) from None
+        except StorageIOError as exc:
+            raise CliError(f"checkpoint {name} cannot be read: {exc}", ERROR) from None
+        _check_slots(cfg, spec, files)
+        out[name] = files
+    return out
+
+
+def _check_slots(cfg: ClusterConfig, spec, files) -> None:
+    for _, f in files.tables:
+        for key in (f.smallest, f.largest):
+            slot = slot_of(key)
+            if not spec.slot_start <= slot <= spec.slot_end:
+                owner = next((s.name for s in cfg.shards
+                              if s.slot_start <= slot <= s.slot_end), "no shard")
+                raise CliError(f"checkpoint {spec.name} holds key slot {slot}, which this config "
+                               f"gives to {owner}: restore needs the slot layout the checkpoint "
+                               f"was taken with; nothing was changed", USAGE)
+
+
+# ---------------------------------------------------------------------------------------------
+# restore
+# ---------------------------------------------------------------------------------------------
+
+def _restore(cfg: ClusterConfig, base: str, args) -> int:
+    fs = FileSystem()
+    _check_data_dir(cfg)
+    plan = check_checkpoint(cfg, base, fs)
+    status = StatusLine(getattr(args, "quiet", False), tty_every=0.5, plain_every=5.0)
+    entries = []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    backup = _new_backup_dir(cfg.data_dir, stamp)
+    for s in cfg.shards:
+        data = cs.shard_dir(cfg.data_dir, s.index)
+        entries.append({"name": s.name, "data": data, "staged": data + rj.STAGING_SUFFIX,
+                        "backup": os.path.join(backup, s.name),
+                        "had_data": os.path.lexists(data)})
+    reports = {}
+    try:
+        for e in entries:  # a crashed restore's staging (no journal: nothing was swapped)
+            if os.path.lexists(e["staged"]):
+                shutil.rmtree(e["staged"])
+        for e in entries:
+            files = plan[e["name"]]
+            progress = Progress(len(files.tables), files.bytes)
+            with _Shown(status, f"staging {e['name']}", progress):
+                reports[e["name"]] = copy_db(fs, os.path.join(base, e["name"]), e["staged"],
+                                             files, progress)
+            fs.sync_dir(cfg.data_dir)
+        if not args.no_verify:
+            for e in entries:
+                _verify(cfg, e, status)
+    except BaseException:
+        status.end_line()
+        for e in entries:
+            shutil.rmtree(e["staged"], ignore_errors=True)
+        raise
+    status.end_line()
+
+    doc = {"checkpoint": base, "backup": backup,
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shards": entries}
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a few renames: not cut in between
+    try:
+        rj.write(cfg.data_dir, doc, fs)
+        os.makedirs(backup, exist_ok=True)
+        fs.sync_dir(cfg.data_dir)
+        for e in entries:
+            rj.finish_shard(e, fs)
+        rj.remove(cfg.data_dir, fs)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    rj.remove_empty_backup(doc)
+    preflight.check_layout(cfg)  # records the layout in a new data directory
+    for e in entries:
+        r = reports[e["name"]]
+        n = r["tables"]
+        where = (f"old data in {e['backup']}" if e["had_data"] else "no old data")
+        check = "" if args.no_verify else ", verified"
+        print(f"{e['name']:<10} {format_count(n)} table{'' if n == 1 else 's'}, "
+              f"{format_bytes(r['bytes'])} ({format_count(r['linked'])} linked, "
+              f"{format_count(r['copied'])} copied{check}); {where}", flush=True)
+    print(f"restored {len(entries)} shards from {base} into {cfg.data_dir}; next: "
+          f"sievekv cluster start{_config_hint(cfg)}", flush=True)
+    return OK
+
+
+def _new_backup_dir(data_dir: str, stamp: str) -> str:
+    path = os.path.join(data_dir, rj.BACKUP_PREFIX + stamp)
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = os.path.join(data_dir, f"{rj.BACKUP_PREFIX}{stamp}-{n}")
+    return path
+
+
+def _config_hint(cfg: ClusterConfig) -> str:
+    from ..config import DEFAULT_CONFIG_NAME
+
+    return "" if cfg.source == DEFAULT_CONFIG_NAME else f" --config {cfg.source}"
+
+
+def engine_options(cfg: ClusterConfig) -> dict:
+    """The config's engine options for opening a staged copy: no compaction may rewrite it
+    while it is checked, no worker processes, and nothing is created where CURRENT is missing."""
+    opts = dict(cfg.engine)
+    opts.update(disable_auto_compactions=True, table_workers=0, create_if_missing=False)
+    return opts
+
+
+def _verify(cfg: ClusterConfig, e: dict, status: StatusLine) -> None:
+    name = e["name"]
+    try:
+        db = DB.open(e["staged"], **engine_options(cfg))
+    except CorruptionError as exc:
+        raise CliError(f"checkpoint {name} is damaged: {exc}; nothing was restored",
+                       ERROR) from None
+    except SieveError as exc:
+        raise CliError(f"checkpoint {name} cannot be opened: {exc}; nothing was restored",
+                       ERROR) from None
+    try:
+        with _Shown(status, f"verifying {name}", _ProgressOf(db), final=False):
+            report = db.verify()
+    finally:
+        db.close()
+    if not report["damaged"]:
+        status.show(f"verifying {name}: intact, {format_count(report['tables'])} tables, "
+                    f"{format_bytes(report['bytes'])} in {report['seconds']:.1f} s", final=True)
+    if report["damaged"]:
+        d = report["damaged"][0]
+        more = f" (and {len(report['damaged']) - 1} more)" if len(report["damaged"]) > 1 else ""
+        table = os.path.basename(d["file"])
+        raise CliError(f"checkpoint {name}: table {table} is damaged{more}: {d['error']}; "
+                       f"nothing was restored", ERROR)
+
+
+class _ProgressOf:
+    """The engine's verify progress of ``db`` (None before it starts), shaped like Progress."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def report(self) -> dict | None:
+        p = getattr(self.db, "_verify_progress", None)
+        return p.report() if p is not None else None
+
+
+class _Shown:
+    """Show ``what``'s progress on ``status`` from a thread while the block runs (and, with
+    ``final``, its last state when the block succeeds)."""
+
+    def __init__(self, status: StatusLine, what: str, progress, final: bool = True):
+        self.status, self.what, self.progress, self.final = status, what, progress, final
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _line(self) -> str | None:
+        r = self.progress.report()
+        if not r:
+            return None
+        pct = min(100, 100 * r["bytes_done"] // max(1, r["bytes"]))
+        return (f"{self.what}: {pct}% ({format_bytes(r['bytes_done'])} of "
+                f"{format_bytes(r['bytes'])}, {r['tables_done']} of {r['tables']} tables)")
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            line = self._line()
+            if line:
+                self.status.show(line)
+
+    def __enter__(self):
+        if not self.status.quiet:
+            self.thread.start()
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if exc_type is None and self.final:
+            line = self._line()
+            if line:
+                self.status.show(line.replace(f"{self.what}:", f"{self.what}: done,", 1),
+                                 final=True)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# --finish / --undo
+# ---------------------------------------------------------------------------------------------
+
+def _settle(cfg: ClusterConfig, undo: bool) -> int:
+    try:
+        doc = rj.read(cfg.data_dir)
+    except rj.JournalError as exc:
+        raise CliError(str(exc), ERROR) from None
+    if doc is None:
+        raise CliError(f"{cfg.data_dir} holds no interrupted restore "
+                       f"({rj.journal_path(cfg.data_dir)} does not exist); nothing to do", USAGE)
+    fs = FileSystem()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for e in doc["shards"]:
+            try:
+                how = rj.undo_shard(e, fs) if undo else rj.finish_shard(e, fs)
+            except rj.JournalError as exc:
+                raise CliError(f"{exc} (journal {rj.journal_path(cfg.data_dir)} kept)",
+                               ERROR) from None
+            print(f"{e['name']:<10} {how}", flush=True)
+        rj.remove(cfg.data_dir, fs)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    rj.remove_empty_backup(doc)
+    if undo:
+        print(f"the restore from {doc['checkpoint']} is undone: {cfg.data_dir} holds the data "
+              f"it held before", flush=True)
+    else:
+        preflight.check_layout(cfg)
+        kept = doc["backup"] if os.path.isdir(doc["backup"]) else "(there was none)"
+        print(f"the restore from {doc['checkpoint']} is finished; old data in {kept}; next: "
+              f"sievekv cluster start{_config_hint(cfg)}", flush=True)
+    return OK
