@@ -181,6 +181,9 @@ def test_handshake_failures_are_unavailable(net):
     details = assert_unavailable(net.plain.address, tls_ca=p.ca)  # TLS client, plaintext server
     assert "WRONG_VERSION_NUMBER" in details
     assert tls.looks_like_handshake_failure(details)
+    # tls=True: TLS verified by the system's roots, which do not hold the test CA
+    details = assert_unavailable(net.tls_router.address, tls=True)
+    assert "CERTIFICATE_VERIFY_FAILED" in details
     # a server that is not there is not a TLS problem
     details = assert_unavailable("127.0.0.1:1", tls_ca=p.ca)
     assert not tls.looks_like_handshake_failure(details)
