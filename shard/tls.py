@@ -10,8 +10,8 @@
 :func:`server_tls` and :func:`client_tls` read the files (plain reads; the bytes are what gRPC
 gets) and check them with the stdlib :mod:`ssl` module before any server or channel exists: a
 missing or unreadable file, a file with no PEM certificate or key, a key that does not belong
-to its certificate, or a certificate without its key raise :class:`TlsError` (one line naming
-the file and what is wrong). gRPC itself would only fail later, per connection, with a
+to its certificate, a certificate without its key, or an own certificate that has expired or
+is not valid yet raise :class:`TlsError` (one line naming the file and what is wrong). gRPC itself would only fail later, per connection, with a
 message that names no file.
 
 The hostname a client checks is the host of the address it dials (``127.0.0.1`` in a
@@ -23,6 +23,7 @@ Immutable objects; thread-safe.
 from __future__ import annotations
 
 import ssl
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -84,6 +85,27 @@ def _read_certs(path: str, what: str) -> bytes:
     return data
 
 
+def _check_dates(path: str, what: str) -> None:
+    """Raise TlsError if the first certificate in ``path`` has expired or is not valid yet
+    (every handshake would fail). Uses the stdlib's ``ssl._ssl._test_decode_cert`` (CPython,
+    not public API); skipped where it is missing or cannot read the file. For a server's or
+    a client's own certificate only: a CA bundle may hold expired CAs beside valid ones."""
+    decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+    if decode is None:
+        return
+    try:
+        info = decode(path)
+        not_before = ssl.cert_time_to_seconds(info["notBefore"])
+        not_after = ssl.cert_time_to_seconds(info["notAfter"])
+    except (ssl.SSLError, OSError, KeyError, ValueError):
+        return
+    now = time.time()
+    if now > not_after:
+        raise TlsError(f"{what} {path}: expired on {info['notAfter']}")
+    if now < not_before:
+        raise TlsError(f"{what} {path}: not valid before {info['notBefore']}")
+
+
 def _read_key(path: str, what: str) -> bytes:
     data = _read(path, what)
     text = _pem_text(data, path, what)
@@ -133,6 +155,7 @@ def server_tls(cert: str | None, key: str | None, client_ca: str | None = None, 
                            f"client certificates)")
         return None
     cert_bytes = _read_certs(cert, "TLS certificate")
+    _check_dates(cert, "TLS certificate")
     key_bytes = _read_key(key, "TLS key")
     _check_pair(cert, key)
     ca_bytes = _read_certs(client_ca, "TLS client CA") if client_ca else None
@@ -152,6 +175,7 @@ def client_tls(ca: str | None, cert: str | None = None, key: str | None = None, 
     if not cert:
         return ClientTls(ca_bytes)
     cert_bytes = _read_certs(cert, "TLS certificate")
+    _check_dates(cert, "TLS certificate")
     key_bytes = _read_key(key, "TLS key")
     _check_pair(cert, key)
     return ClientTls(ca_bytes, cert_bytes, key_bytes)

@@ -104,6 +104,9 @@ def test_bad_files_name_the_file_and_the_problem(pki, tmp_path):
         (lambda: tls.client_tls(pki.ca, pki.client_cert, None), ["--tls-cert needs --tls-key"]),
         (lambda: tls.client_tls(pki.ca, pki.client_cert, pki.server_key),
          [pki.server_key, "does not match"]),
+        (lambda: tls.server_tls(pki.expired_cert, pki.expired_key), [pki.expired_cert, "expired on"]),
+        (lambda: tls.client_tls(pki.ca, pki.expired_cert, pki.expired_key),
+         [pki.expired_cert, "expired on"]),
     ]
     for make, words in cases:
         with pytest.raises(tls.TlsError) as info:
@@ -323,6 +326,7 @@ def _bad_inputs(p: Pki, tmp_path) -> list[tuple[str, tuple[str, ...], str]]:
         ("mismatch", ("--tls-cert", p.server_cert, "--tls-key", p.client_key), p.client_key),
         ("no-key", ("--tls-cert", p.server_cert), "--tls-key"),
         ("bad-client-ca", (*_server_flags(p), "--tls-client-ca", p.server_key), p.server_key),
+        ("expired", ("--tls-cert", p.expired_cert, "--tls-key", p.expired_key), "expired on"),
     ]
 
 

@@ -34,6 +34,8 @@ class Pki:
     other_client_key: str
     node_cert: str  # signed by ca, SAN 127.0.0.1/localhost, for server and client use
     node_key: str
+    expired_cert: str  # like server_cert, valid until a day ago
+    expired_key: str
 
 
 def _name(cn: str) -> x509.Name:
@@ -51,8 +53,10 @@ def _key_pem(key) -> bytes:
                              serialization.NoEncryption())
 
 
-def _builder(subject: str, issuer: x509.Name, public_key):
+def _builder(subject: str, issuer: x509.Name, public_key, expired: bool = False):
     now = datetime.datetime.now(datetime.timezone.utc)
+    if expired:
+        now -= datetime.timedelta(days=2)
     return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
             .public_key(public_key).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1))
@@ -73,12 +77,12 @@ def make_ca(directory: str, name: str):
 
 
 def make_leaf(directory: str, name: str, ca_cert, ca_key, *, server: bool,
-              client: bool = False) -> tuple[str, str]:
+              client: bool = False, expired: bool = False) -> tuple[str, str]:
     """(cert path, key path) of a certificate for ``name`` signed by the CA: ``server`` (SAN
     127.0.0.1 and localhost, extendedKeyUsage serverAuth, plus clientAuth with ``client``)
-    or a client certificate (clientAuth only)."""
+    or a client certificate (clientAuth only). ``expired``: valid until a day ago."""
     key = ec.generate_private_key(ec.SECP256R1())
-    b = _builder(name, ca_cert.subject, key.public_key()).add_extension(
+    b = _builder(name, ca_cert.subject, key.public_key(), expired).add_extension(
         x509.BasicConstraints(ca=False, path_length=None), critical=True)
     if server:
         b = b.add_extension(x509.SubjectAlternativeName([
@@ -102,5 +106,8 @@ def make_pki(directory: str) -> Pki:
     o_server_cert, o_server_key = make_leaf(directory, "other-server", other_cert, other_key, server=True)
     o_client_cert, o_client_key = make_leaf(directory, "other-client", other_cert, other_key, server=False)
     node_cert, node_key = make_leaf(directory, "node", ca_cert, ca_key, server=True, client=True)
+    expired_cert, expired_key = make_leaf(directory, "expired", ca_cert, ca_key, server=True,
+                                          expired=True)
     return Pki(ca, server_cert, server_key, client_cert, client_key, other_ca,
-               o_server_cert, o_server_key, o_client_cert, o_client_key, node_cert, node_key)
+               o_server_cert, o_server_key, o_client_cert, o_client_key, node_cert, node_key,
+               expired_cert, expired_key)
