@@ -227,6 +227,12 @@ def test_checkpoints_that_do_not_match_the_config_are_refused_and_nothing_change
     os.remove(os.path.join(ck, "shard-1", victim))
     _refused(o, ck, 2, f"checkpoint shard-1 is incomplete: {ck}/shard-1/{victim}")
 
+    # A data directory (a write-ahead log with writes in it) is not a checkpoint.
+    ck = variant("datadir")
+    with DB.open(os.path.join(ck, "shard-1")) as db:
+        db.put(b"unflushed", b"x")
+    _refused(o, ck, 2, f"{ck}/shard-1 is a data directory, not a checkpoint")
+
     # 4 shards restored into 2, and a 2-shard checkpoint with its shards exchanged.
     four = str(tmp_path / "four")
     make_checkpoint(four, even_slot_ranges(4), model, str(tmp_path))

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from engine import DB
+from engine import DB, filenames
 from engine.db_copy import IncompleteError, copy_db, describe
 from engine.errors import CorruptionError, LockedError, SieveError, StorageIOError
 from engine.checkpoint import STAGING_SUFFIX as CHECKPOINT_STAGING_SUFFIX
@@ -143,6 +143,7 @@ def check_checkpoint(cfg: ClusterConfig, base: str, fs: FileSystem) -> dict:
     out = {}
     for name, spec in want.items():
         path = os.path.join(base, name)
+        _check_no_log(name, path)
         try:
             files = describe(fs, path)
         except IncompleteError as exc:
@@ -154,6 +155,25 @@ def check_checkpoint(cfg: ClusterConfig, base: str, fs: FileSystem) -> dict:
         _check_slots(cfg, spec, files)
         out[name] = files
     return out
+
+
+def _check_no_log(name: str, path: str) -> None:
+    """A checkpoint holds no log; a data directory (a restore-backup, a copy of a live one)
+    does, and its unflushed writes would be dropped: refused (USAGE)."""
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise CliError(f"checkpoint {name} cannot be read: {cs.os_reason(exc)}",
+                       USAGE if cs.unusable_data_dir(exc) else ERROR) from None
+    for n in sorted(names):
+        parsed = filenames.parse_file_name(n)
+        if parsed and parsed[0] == filenames.FileKind.LOG:
+            size = os.path.getsize(os.path.join(path, n))
+            if size:
+                raise CliError(f"{os.path.join(path, n)} is a write-ahead log of {size} bytes: "
+                               f"{path} is a data directory, not a checkpoint, and its "
+                               f"unflushed writes would be lost (take a checkpoint of it, or "
+                               f"put it in place by hand)", USAGE)
 
 
 def _check_slots(cfg: ClusterConfig, spec, files) -> None:
@@ -200,10 +220,13 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
         if not args.no_verify:
             for e in entries:
                 _verify(cfg, e, status)
-    except BaseException:
+    except BaseException as exc:
         status.end_line()
         for e in entries:
             shutil.rmtree(e["staged"], ignore_errors=True)
+        if isinstance(exc, OSError):  # StorageIOError too: a full disk, EIO, permissions
+            raise CliError(f"cannot stage the copies in {cfg.data_dir}: {exc}; nothing was "
+                           f"restored (the staged copies are removed)", ERROR) from None
         raise
     status.end_line()
 
@@ -217,6 +240,14 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
         for e in entries:
             rj.finish_shard(e, fs)
         rj.remove(cfg.data_dir, fs)
+    except (OSError, rj.JournalError) as exc:
+        if not os.path.lexists(rj.journal_path(cfg.data_dir)):  # failed before the journal
+            for e in entries:
+                shutil.rmtree(e["staged"], ignore_errors=True)
+            raise CliError(f"cannot write the restore journal in {cfg.data_dir}: {exc}; nothing "
+                           f"was restored", ERROR) from None
+        raise CliError(f"restore stopped while swapping directories: {exc}; "
+                       f"{rj.refusal(cfg.data_dir)}", ERROR) from None
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(doc)
