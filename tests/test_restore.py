@@ -283,7 +283,7 @@ def test_a_damaged_checkpoint_table_refuses_the_whole_restore(restored, tmp_path
         b = f.read(1)
         f.seek(100)
         f.write(bytes([b[0] ^ 0x40]))
-    _refused(o, ck, 1, f"checkpoint shard-1: table {table} is damaged")
+    _refused(o, ck, 1, f"checkpoint shard-1: table {table} is damaged: corruption in {path} ")
     assert content(o.data_dir, 2) == model
 
 

@@ -26,10 +26,10 @@ Steps, each refusing with one line before anything is changed:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 
@@ -94,19 +94,17 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
     if why:
         raise CliError(why, USAGE)
     try:
-        preflight_layout = _recorded_layout(cfg)
+        recorded = _recorded_layout(cfg)
     except preflight.PreflightError as exc:
         raise CliError(str(exc), USAGE) from None
-    if preflight_layout is not None and preflight_layout != preflight.layout_of(cfg):
-        have = ",".join(f"{lo}-{hi}" for lo, hi in preflight_layout.get("slots", []))
+    if recorded is not None and recorded != preflight.layout_of(cfg):
+        have = ",".join(f"{lo}-{hi}" for lo, hi in recorded.get("slots", []))
         raise CliError(f"{cfg.data_dir} was created with slot ranges {have}, this config has "
                        f"{_ranges(cfg)}: restore into a data directory of this layout (or a new "
                        f"one); nothing was changed", USAGE)
 
 
 def _recorded_layout(cfg: ClusterConfig) -> dict | None:
-    import json
-
     path = os.path.join(cfg.data_dir, cs.LAYOUT_FILE)
     try:
         with open(path, encoding="utf-8") as f:
@@ -211,15 +209,15 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
             if os.path.lexists(e["staged"]):
                 shutil.rmtree(e["staged"])
         for e in entries:
+            e = dict(e, source=os.path.join(base, e["name"]))
             files = plan[e["name"]]
             progress = Progress(len(files.tables), files.bytes)
             with _Shown(status, f"staging {e['name']}", progress):
-                reports[e["name"]] = copy_db(fs, os.path.join(base, e["name"]), e["staged"],
-                                             files, progress)
+                reports[e["name"]] = copy_db(fs, e["source"], e["staged"], files, progress)
             fs.sync_dir(cfg.data_dir)
         if not args.no_verify:
             for e in entries:
-                _verify(cfg, e, status)
+                _verify(cfg, dict(e, source=os.path.join(base, e["name"])), status)
     except BaseException as exc:
         status.end_line()
         for e in entries:
@@ -304,13 +302,15 @@ def _verify(cfg: ClusterConfig, e: dict, status: StatusLine) -> None:
     finally:
         db.close()
     if not report["damaged"]:
-        status.show(f"verifying {name}: intact, {format_count(report['tables'])} tables, "
+        n = report["tables"]
+        status.show(f"verifying {name}: intact, {format_count(n)} table{'' if n == 1 else 's'}, "
                     f"{format_bytes(report['bytes'])} in {report['seconds']:.1f} s", final=True)
     if report["damaged"]:
         d = report["damaged"][0]
         more = f" (and {len(report['damaged']) - 1} more)" if len(report["damaged"]) > 1 else ""
         table = os.path.basename(d["file"])
-        raise CliError(f"checkpoint {name}: table {table} is damaged{more}: {d['error']}; "
+        error = d["error"].replace(e["staged"], e["source"])  # the file the operator has
+        raise CliError(f"checkpoint {name}: table {table} is damaged{more}: {error}; "
                        f"nothing was restored", ERROR)
 
 
