@@ -63,13 +63,20 @@ def write(data_dir: str, doc: dict, fs: FileSystem | None = None) -> None:
     doc = dict(doc, version=JOURNAL_VERSION)
     path = journal_path(data_dir)
     tmp = path + ".tmp"
-    f = fs.open_writable(tmp)
     try:
-        f.append(json.dumps(doc, indent=1).encode())
-        f.sync()
-    finally:
-        f.close()
-    fs.rename(tmp, path)
+        f = fs.open_writable(tmp)
+        try:
+            f.append(json.dumps(doc, indent=1).encode())
+            f.sync()
+        finally:
+            f.close()
+        fs.rename(tmp, path)
+    except BaseException:
+        try:
+            fs.remove(tmp)  # a full disk must not leave a half-written file behind
+        except OSError:
+            pass
+        raise
     fs.sync_dir(data_dir)
 
 

@@ -270,6 +270,12 @@ def test_checkpoints_that_do_not_match_the_config_are_refused_and_nothing_change
     assert content(o.data_dir, 2) == model
 
 
+def test_a_shard_directory_open_in_another_process_is_a_conflict(restored, tmp_path):
+    o, model = restored
+    with DB.open(os.path.join(o.data_dir, "shard-1"), create_if_missing=False):
+        _refused(o, str(tmp_path / "ck"), 6, "shard-1's data directory is open in another")
+
+
 def test_a_damaged_checkpoint_table_refuses_the_whole_restore(restored, tmp_path):
     o, model = restored
     ck = str(tmp_path / "damaged")

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -93,6 +94,18 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
     why = rj.refusal(cfg.data_dir)
     if why:
         raise CliError(why, USAGE)
+    for s in cfg.shards:  # a shard process run by hand, outside the supervisor
+        lock = os.path.join(cs.shard_dir(cfg.data_dir, s.index), filenames.LOCK)
+        if not os.path.exists(lock):
+            continue
+        try:
+            FileSystem().lock(lock).release()
+        except LockedError:
+            raise CliError(f"{s.name}'s data directory is open in another process (its "
+                           f"{lock} is locked): stop it first; nothing was changed",
+                           CONFLICT) from None
+        except OSError:
+            pass  # not ours to judge here: staging or the swap reports real trouble
     try:
         recorded = _recorded_layout(cfg)
     except preflight.PreflightError as exc:
@@ -249,7 +262,10 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(doc)
-    preflight.check_layout(cfg)  # records the layout in a new data directory
+    try:
+        preflight.check_layout(cfg)  # records the layout in a new data directory
+    except (OSError, preflight.PreflightError) as exc:  # `cluster start` records it too
+        print(f"sievekv: warning: the layout was not recorded: {exc}", file=sys.stderr)
     for e in entries:
         r = reports[e["name"]]
         n = r["tables"]
