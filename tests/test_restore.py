@@ -394,3 +394,52 @@ def test_restore_into_a_new_data_directory_records_the_layout(tmp_path):
         assert not [n for n in names if n.endswith(".log")]
         man = [n for n in names if n.startswith("MANIFEST-")]
         assert len(man) == 1 and os.stat(tmp_path / "ck" / f"shard-{i}" / man[0]).st_nlink == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# engine/db_copy.py
+# ---------------------------------------------------------------------------------------------
+
+def test_copy_db_copies_tables_where_links_are_refused_and_never_shares_the_manifest(tmp_path):
+    import errno
+
+    from engine.db_copy import IncompleteError, describe
+    from engine.errors import StorageIOError
+
+    class NoLinks(FileSystem):
+        def __init__(self, ok: int):
+            super().__init__()
+            self.ok = ok
+
+        def link(self, src, dst):
+            if self.ok > 0:
+                self.ok -= 1
+                return super().link(src, dst)
+            raise StorageIOError("link failed (injected)", path=src, errno_=errno.EXDEV)
+
+    model = model_of(3000, "v")
+    with DB.open(str(tmp_path / "db"), **SMALL) as db:
+        for k, v in model.items():
+            db.put(k, v)
+        db.checkpoint(str(tmp_path / "ck"))
+    files = describe(FileSystem(), str(tmp_path / "ck"))
+    assert len(files.tables) > 2
+    r = copy_db(NoLinks(ok=1), str(tmp_path / "ck"), str(tmp_path / "copy"))
+    assert r == {"tables": len(files.tables), "bytes": files.bytes, "linked": 1,
+                 "copied": len(files.tables) - 1}
+    for name in os.listdir(tmp_path / "copy"):  # the manifest and CURRENT: files of their own
+        if not name.endswith(".sst"):
+            assert os.stat(tmp_path / "copy" / name).st_nlink == 1, name
+    with DB.open(str(tmp_path / "copy"), create_if_missing=False) as db:
+        assert db.verify()["damaged"] == []
+        assert dict(db.scan()) == model
+    # A table the manifest lists, cut short: incomplete.
+    victim = filenames_of(tmp_path / "ck")[0]
+    with open(victim, "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(IncompleteError, match="is 10 bytes"):
+        describe(FileSystem(), str(tmp_path / "ck"))
+
+
+def filenames_of(path) -> list[str]:
+    return sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".sst"))
