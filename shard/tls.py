@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -35,11 +35,15 @@ class TlsError(InvalidArgumentError):
     """A TLS file cannot be used. ``str()`` is one line naming the file."""
 
 
+# The PEM bytes are left out of repr(): a private key must never reach a log line or a
+# traceback.
+
 @dataclass(frozen=True)
 class ServerTls:
-    cert: bytes  # PEM certificate chain
-    key: bytes  # PEM private key
-    client_ca: bytes | None = None  # PEM CA certificates; set: client certificates required
+    cert: bytes = field(repr=False)  # PEM certificate chain
+    key: bytes = field(repr=False)  # PEM private key
+    client_ca: bytes | None = field(default=None, repr=False)  # PEM CA certificates; set:
+    # client certificates required
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.client_ca,
@@ -48,9 +52,11 @@ class ServerTls:
 
 @dataclass(frozen=True)
 class ClientTls:
-    ca: bytes | None = None  # PEM CA certificates; None: the system's roots
-    cert: bytes | None = None  # PEM client certificate chain (for servers requiring mTLS)
-    key: bytes | None = None
+    ca: bytes | None = field(default=None, repr=False)  # PEM CA certificates; None: the
+    # system's roots
+    cert: bytes | None = field(default=None, repr=False)  # PEM client certificate chain (for
+    # servers requiring mTLS)
+    key: bytes | None = field(default=None, repr=False)
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
@@ -76,9 +82,11 @@ def _read_certs(path: str, what: str) -> bytes:
     """The bytes of ``path``, which must hold at least one PEM certificate."""
     data = _read(path, what)
     text = _pem_text(data, path, what)
+    if not text.strip():
+        raise TlsError(f"{what} {path}: the file is empty")
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
-    except ssl.SSLError as exc:
+    except (ssl.SSLError, ValueError) as exc:
         if "BEGIN CERTIFICATE" not in text:
             raise TlsError(f"{what} {path}: no PEM certificate in it") from None
         raise TlsError(f"{what} {path}: bad PEM certificate ({_reason(exc)})") from None
@@ -109,6 +117,8 @@ def _check_dates(path: str, what: str) -> None:
 def _read_key(path: str, what: str) -> bytes:
     data = _read(path, what)
     text = _pem_text(data, path, what)
+    if not text.strip():
+        raise TlsError(f"{what} {path}: the file is empty")
     if "ENCRYPTED PRIVATE KEY" in text or "Proc-Type: 4,ENCRYPTED" in text:
         raise TlsError(f"{what} {path}: the key is encrypted (gRPC needs it without a passphrase)")
     if "PRIVATE KEY-----" not in text:
@@ -116,8 +126,8 @@ def _read_key(path: str, what: str) -> bytes:
     return data
 
 
-def _reason(exc: ssl.SSLError) -> str:
-    return exc.reason or str(exc)
+def _reason(exc: Exception) -> str:
+    return getattr(exc, "reason", None) or str(exc)
 
 
 def _check_pair(cert_path: str, key_path: str) -> None:
@@ -137,6 +147,13 @@ def _check_pair(cert_path: str, key_path: str) -> None:
         raise TlsError(f"TLS key {key_path}: cannot read: {exc.strerror or exc}") from None
 
 
+def _no_empty(paths: tuple, flags: tuple) -> None:
+    """An option given as "" is a mistake (an unset variable in a unit file?), not "off"."""
+    for path, flag in zip(paths, flags):
+        if path == "":
+            raise TlsError(f"{flag} is an empty path")
+
+
 def _pair(cert: str | None, key: str | None, cert_flag: str, key_flag: str) -> None:
     if bool(cert) != bool(key):
         given, missing = (cert_flag, key_flag) if cert else (key_flag, cert_flag)
@@ -147,7 +164,9 @@ def server_tls(cert: str | None, key: str | None, client_ca: str | None = None, 
                flags: tuple[str, str, str] = ("--tls-cert", "--tls-key", "--tls-client-ca")
                ) -> ServerTls | None:
     """The checked ServerTls of these paths, or None (plaintext) when none is given.
-    ``flags`` name the options in messages. Raises TlsError (see the module doc)."""
+    ``flags`` name the options in messages. Raises TlsError (see the module doc); an empty
+    string is an error, not "off"."""
+    _no_empty((cert, key, client_ca), flags)
     _pair(cert, key, flags[0], flags[1])
     if not cert:
         if client_ca:
@@ -167,7 +186,9 @@ def client_tls(ca: str | None, cert: str | None = None, key: str | None = None, 
                flags: tuple[str, str, str] = ("--tls-ca", "--tls-cert", "--tls-key")
                ) -> ClientTls | None:
     """The checked ClientTls of these paths, or None (plaintext) when none is given and not
-    ``enabled`` (TLS verified by the system's roots). Raises TlsError."""
+    ``enabled`` (TLS verified by the system's roots). Raises TlsError; an empty string is an
+    error, not "off"."""
+    _no_empty((ca, cert, key), flags)
     _pair(cert, key, flags[1], flags[2])
     if not (ca or cert or enabled):
         return None
@@ -196,11 +217,14 @@ def channel(address: str, options=(), tls: ClientTls | None = None) -> grpc.Chan
     return grpc.secure_channel(address, tls.credentials(), options=list(options))
 
 
-HANDSHAKE_WORDS = ("tls handshake failed", "ssl_error", "socket closed")
+HANDSHAKE_WORDS = ("tls handshake failed", "ssl_error", "socket closed",
+                   "hostname verification")
 """Words of gRPC's UNAVAILABLE details when a connection failed in the TLS handshake, as
 grpc 1.85 reports them (tests/test_tls.py): a TLS client sees "Tls handshake failed
 (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: ...CERTIFICATE_VERIFY_FAILED" (wrong CA) or
-"...WRONG_VERSION_NUMBER" (the server is plaintext); a plaintext client of a TLS server, and
+"...WRONG_VERSION_NUMBER" (the server is plaintext), or "Custom verification check failed
+with error: UNAUTHENTICATED: Hostname Verification Check failed." (the certificate does not
+name the host dialled); a plaintext client of a TLS server, and
 a client without an accepted certificate of an mTLS server, see only "Socket closed" (the
 server hung up during the handshake). A server that is down reads "Connection refused"."""
 

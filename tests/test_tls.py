@@ -83,6 +83,8 @@ def assert_unavailable(address: str, **kw) -> str:
 # -- credentials module ---------------------------------------------------------------------
 
 def test_bad_files_name_the_file_and_the_problem(pki, tmp_path):
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("hello\n")
     binary = tmp_path / "binary.der"
@@ -105,6 +107,11 @@ def test_bad_files_name_the_file_and_the_problem(pki, tmp_path):
         (lambda: tls.client_tls(pki.ca, pki.client_cert, pki.server_key),
          [pki.server_key, "does not match"]),
         (lambda: tls.server_tls(pki.expired_cert, pki.expired_key), [pki.expired_cert, "expired on"]),
+        (lambda: tls.server_tls(str(empty), pki.server_key), [str(empty), "the file is empty"]),
+        (lambda: tls.server_tls(pki.server_cert, str(empty)), [str(empty), "the file is empty"]),
+        (lambda: tls.client_tls(str(empty)), [str(empty), "the file is empty"]),
+        (lambda: tls.server_tls("", ""), ["--tls-cert is an empty path"]),
+        (lambda: tls.client_tls(""), ["--tls-ca is an empty path"]),
         (lambda: tls.client_tls(pki.ca, pki.expired_cert, pki.expired_key),
          [pki.expired_cert, "expired on"]),
     ]
@@ -115,6 +122,12 @@ def test_bad_files_name_the_file_and_the_problem(pki, tmp_path):
         assert "\n" not in text
         for w in words:
             assert w in text, (w, text)
+
+
+def test_credentials_never_show_the_pem_bytes(pki):
+    for obj in (tls.server_tls(pki.server_cert, pki.server_key, pki.ca),
+                tls.client_tls(pki.ca, pki.client_cert, pki.client_key)):
+        assert "PRIVATE KEY" not in repr(obj) and "CERTIFICATE" not in repr(obj)
 
 
 def test_plaintext_when_nothing_is_given_and_tls_when_asked():
@@ -264,6 +277,18 @@ def test_cli_handshake_failure_is_one_line_and_exit_3(net, tmp_path, case):
         assert "TLS handshake failed?" in lines[0] and words in lines[0], lines[0]
 
 
+def test_cli_hint_when_the_certificate_does_not_name_the_host(pki, procs, tmp_path):
+    shard = start_shard_process(procs, str(tmp_path / "d"), name="elsewhere",
+                                extra=("--tls-cert", pki.elsewhere_cert, "--tls-key",
+                                       pki.elsewhere_key))
+    r = sievekv(tmp_path, "stats", "--router", shard.address, "--tls-ca", pki.ca,
+                "--timeout", "5")
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "Hostname Verification" in lines[0], r.stderr
+    assert "does not name the host dialled" in lines[0], r.stderr
+
+
 def test_cli_bad_tls_file_is_a_usage_error(net, tmp_path):
     r = sievekv(tmp_path, "get", "k", "--router", net.tls_router.address,
                 env={"SIEVEKV_TLS_CA": str(tmp_path / "nope.pem")})
@@ -275,6 +300,8 @@ def test_cli_bad_tls_file_is_a_usage_error(net, tmp_path):
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["sievekv: error: --tls-cert needs --tls-key too (a "
                                      "certificate and its private key)"]
+    r = sievekv(tmp_path, "get", "k", "--router", net.tls_router.address, "--tls-ca", "")
+    assert (r.returncode, r.stderr) == (2, "sievekv: error: --tls-ca is an empty path\n")
 
 
 @pytest.fixture
@@ -327,6 +354,7 @@ def _bad_inputs(p: Pki, tmp_path) -> list[tuple[str, tuple[str, ...], str]]:
         ("no-key", ("--tls-cert", p.server_cert), "--tls-key"),
         ("bad-client-ca", (*_server_flags(p), "--tls-client-ca", p.server_key), p.server_key),
         ("expired", ("--tls-cert", p.expired_cert, "--tls-key", p.expired_key), "expired on"),
+        ("empty-options", ("--tls-cert", "", "--tls-key", ""), "--tls-cert is an empty path"),
     ]
 
 
@@ -409,6 +437,12 @@ def test_local_cluster_with_mutual_tls(pki, tmp_path):
         r = sievekv(tmp_path, "get", "a", "--router", router, "--tls-ca", pki.ca,
                     "--tls-cert", pki.client_cert, "--tls-key", pki.client_key)
         assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+        # `export SIEVEKV_ROUTER=$(sievekv cluster start -q)`: still the cluster's own files
+        env["SIEVEKV_ROUTER"] = router
+        r = sievekv(tmp_path, "get", "a", env=env)
+        assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+        r = sievekv(tmp_path, "cluster", "status", "--json", env=env)
+        assert {row["health"] for row in json.loads(r.stdout)["processes"]} == {"SERVING"}
     finally:
         _stop_cluster(tmp_path, conf)
 

@@ -36,6 +36,8 @@ class Pki:
     node_key: str
     expired_cert: str  # like server_cert, valid until a day ago
     expired_key: str
+    elsewhere_cert: str  # like server_cert, but for DNS:elsewhere.example only
+    elsewhere_key: str
 
 
 def _name(cn: str) -> x509.Name:
@@ -63,6 +65,13 @@ def _builder(subject: str, issuer: x509.Name, public_key, expired: bool = False)
             .not_valid_after(now + datetime.timedelta(days=1)))
 
 
+def _san(host: str):
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 def make_ca(directory: str, name: str):
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (_builder(name, _name(name), key.public_key())
@@ -77,16 +86,16 @@ def make_ca(directory: str, name: str):
 
 
 def make_leaf(directory: str, name: str, ca_cert, ca_key, *, server: bool,
-              client: bool = False, expired: bool = False) -> tuple[str, str]:
+              client: bool = False, expired: bool = False,
+              hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[str, str]:
     """(cert path, key path) of a certificate for ``name`` signed by the CA: ``server`` (SAN
-    127.0.0.1 and localhost, extendedKeyUsage serverAuth, plus clientAuth with ``client``)
+    ``hosts``, extendedKeyUsage serverAuth, plus clientAuth with ``client``)
     or a client certificate (clientAuth only). ``expired``: valid until a day ago."""
     key = ec.generate_private_key(ec.SECP256R1())
     b = _builder(name, ca_cert.subject, key.public_key(), expired).add_extension(
         x509.BasicConstraints(ca=False, path_length=None), critical=True)
     if server:
-        b = b.add_extension(x509.SubjectAlternativeName([
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+        b = b.add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]),
             critical=False).add_extension(x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH] + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])),
             critical=False)
@@ -108,6 +117,8 @@ def make_pki(directory: str) -> Pki:
     node_cert, node_key = make_leaf(directory, "node", ca_cert, ca_key, server=True, client=True)
     expired_cert, expired_key = make_leaf(directory, "expired", ca_cert, ca_key, server=True,
                                           expired=True)
+    elsewhere_cert, elsewhere_key = make_leaf(directory, "elsewhere", ca_cert, ca_key,
+                                              server=True, hosts=("elsewhere.example",))
     return Pki(ca, server_cert, server_key, client_cert, client_key, other_ca,
                o_server_cert, o_server_key, o_client_cert, o_client_key, node_cert, node_key,
-               expired_cert, expired_key)
+               expired_cert, expired_key, elsewhere_cert, elsewhere_key)

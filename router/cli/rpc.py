@@ -33,12 +33,12 @@ _tls_loaded: list = []  # [ClientTls | None] once loaded
 
 def use_tls(args) -> None:
     """Take the TLS paths of this command: ``--tls-X`` from ``args``, else ``$SIEVEKV_TLS_X``,
-    else (none of them given, and no --router / $SIEVEKV_ROUTER) the ``[tls]`` of the local
-    cluster's config recorded in its state file (read at the first call)."""
+    else (none of them given) the ``[tls]`` of the local cluster's config recorded in its state
+    file (read at the first call; not for a router other than that cluster's)."""
     for part, env in TLS_ENV.items():
-        given = getattr(args, f"tls_{part}", None)
-        _tls_paths[part] = given or os.environ.get(env) or None
-        _tls_flags[part] = f"--tls-{part}" if given or not os.environ.get(env) else f"${env}"
+        given = getattr(args, f"tls_{part}", None)  # "" stays: client_tls refuses it
+        _tls_paths[part] = given if given is not None else os.environ.get(env) or None
+        _tls_flags[part] = f"${env}" if given is None and os.environ.get(env) else f"--tls-{part}"
     _tls_args[0] = args
     _tls_loaded.clear()
 
@@ -48,11 +48,19 @@ def _local_cluster_tls(args) -> None:
     from .. import cluster_state as cs
     from . import target
 
-    if args is None or getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER"):
+    if args is None:
         return
     try:
         doc = cs.read_state(target.data_dir(args))
     except (cs.StateError, CliError):
+        return
+    # A command that calls a router given by --router / $SIEVEKV_ROUTER uses the local
+    # cluster's files only when it is that cluster's router (`export SIEVEKV_ROUTER=$(sievekv
+    # cluster start -q)`); `cluster status` probes the local processes whatever it says.
+    parser = getattr(args, "command_parser", None)
+    takes_router = parser is not None and any(a.dest == "router" for a in parser._actions)
+    router = getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER")
+    if takes_router and router and router != doc.get("router_address"):
         return
     t = doc.get("config", {}).get("tls") or {}
     if not t.get("cert") or not t.get("ca"):
@@ -101,8 +109,10 @@ def tls_hint(details: str) -> str:
     elif "wrong_version_number" in text:
         why = "the server does not speak TLS (drop --tls-ca/$SIEVEKV_TLS_CA?)"
     elif "certificate_verify_failed" in text:
-        why = ("the server's certificate is not signed by the --tls-ca CA, or does not name "
-               "the host dialled")
+        why = "the server's certificate is not signed by the --tls-ca CA"
+    elif "hostname verification" in text:
+        why = ("the server's certificate does not name the host dialled (its subjectAltName "
+               "needs that IP address or DNS name)")
     elif using is None:
         why = "the server may require TLS: give --tls-ca (or $SIEVEKV_TLS_CA)"
     elif using.cert is None:
