@@ -4,11 +4,13 @@ in place of a stopped local cluster's data (docs/cli.md, "cluster restore").
 Steps, each refusing with one line before anything is changed:
 
 1. Take the cluster lock (held to the end, so no ``cluster start`` runs meanwhile); a running
-   cluster holds it: CONFLICT (6). An interrupted restore (router/restore_journal.py) or a
-   data directory recorded with another slot layout: USAGE (2).
+   cluster holds it, a shard process run by hand holds its directory's engine LOCK: CONFLICT
+   (6). An interrupted restore (router/restore_journal.py) or a data directory recorded with
+   another slot layout: USAGE (2).
 2. CHECKPOINT_DIR holds exactly one complete checkpoint per configured shard, named as the
    shard: no missing, extra or ``*.checkpoint-tmp`` entry, each with ``CURRENT`` and every
-   table its manifest lists (engine/db_copy.py ``describe``): else USAGE (2).
+   table its manifest lists (engine/db_copy.py ``describe``) and no log with writes in it (a
+   data directory: its unflushed writes would be lost): else USAGE (2).
 3. Layout: the smallest and largest key of every table must hash (router/slots.py) into the
    slot range the config gives that shard, else USAGE (2). A check of boundary keys: with
    random hashing a checkpoint of another layout fails it almost surely, but it is no proof.
@@ -262,10 +264,7 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(doc)
-    try:
-        preflight.check_layout(cfg)  # records the layout in a new data directory
-    except (OSError, preflight.PreflightError) as exc:  # `cluster start` records it too
-        print(f"sievekv: warning: the layout was not recorded: {exc}", file=sys.stderr)
+    _record_layout(cfg)
     for e in entries:
         r = reports[e["name"]]
         n = r["tables"]
@@ -277,6 +276,14 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
     print(f"restored {len(entries)} shards from {base} into {cfg.data_dir}; next: "
           f"sievekv cluster start{_config_hint(cfg)}", flush=True)
     return OK
+
+
+def _record_layout(cfg: ClusterConfig) -> None:
+    """Write cluster-layout.json in a new data directory (``cluster start`` would too)."""
+    try:
+        preflight.check_layout(cfg)
+    except (OSError, preflight.PreflightError) as exc:
+        print(f"sievekv: warning: the layout was not recorded: {exc}", file=sys.stderr)
 
 
 def _new_backup_dir(data_dir: str, stamp: str) -> str:
@@ -411,7 +418,7 @@ def _settle(cfg: ClusterConfig, undo: bool) -> int:
         print(f"the restore from {doc['checkpoint']} is undone: {cfg.data_dir} holds the data "
               f"it held before", flush=True)
     else:
-        preflight.check_layout(cfg)
+        _record_layout(cfg)
         kept = doc["backup"] if os.path.isdir(doc["backup"]) else "(there was none)"
         print(f"the restore from {doc['checkpoint']} is finished; old data in {kept}; next: "
               f"sievekv cluster start{_config_hint(cfg)}", flush=True)
