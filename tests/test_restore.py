@@ -443,3 +443,59 @@ def test_copy_db_copies_tables_where_links_are_refused_and_never_shares_the_mani
 
 def filenames_of(path) -> list[str]:
     return sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".sst"))
+
+
+# ---------------------------------------------------------------------------------------------
+# faults injected into the command (in-process)
+# ---------------------------------------------------------------------------------------------
+
+def test_ctrl_c_while_staging_restores_nothing_and_leaves_no_staging(restored, tmp_path,
+                                                                     monkeypatch, capsys):
+    from router.cli import restore_cmd
+
+    o, old = restored
+    ck = str(tmp_path / "new")
+    make_checkpoint(ck, even_slot_ranges(2), model_of(500, "new", seed=1), str(tmp_path))
+    real = restore_cmd.copy_db
+
+    def interrupted(fs, src, dest, *a, **kw):
+        if src.endswith("shard-1"):
+            raise KeyboardInterrupt
+        return real(fs, src, dest, *a, **kw)
+
+    monkeypatch.setattr(restore_cmd, "copy_db", interrupted)
+    before = tree(o.data_dir)
+    assert app.main(["cluster", "restore", ck, "--config", o.conf]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "sievekv: error: interrupted"
+    assert tree(o.data_dir) == before and not staging_left(o.data_dir)
+    assert content(o.data_dir, 2) == old
+
+
+def test_a_failure_between_the_swaps_keeps_the_journal_and_finish_completes(restored, tmp_path,
+                                                                             monkeypatch, capsys):
+    from router.cli import restore_cmd
+
+    o, old = restored
+    new = model_of(500, "new", seed=1)
+    ck = str(tmp_path / "new")
+    make_checkpoint(ck, even_slot_ranges(2), new, str(tmp_path))
+    real = rj.finish_shard
+
+    def failing(entry, fs=None):
+        if entry["name"] == "shard-1":
+            raise OSError(5, "Input/output error (injected)")
+        return real(entry, fs)
+
+    monkeypatch.setattr(restore_cmd.rj, "finish_shard", failing)
+    assert app.main(["cluster", "restore", ck, "--config", o.conf]) == 1
+    err = capsys.readouterr().err
+    assert one_error_line(err) and "restore stopped while swapping directories" in err
+    assert "`sievekv cluster restore --finish`" in err
+    assert os.path.exists(rj.journal_path(o.data_dir))
+    monkeypatch.setattr(restore_cmd.rj, "finish_shard", real)
+    assert app.main(["cluster", "restore", ck, "--config", o.conf]) == 2  # journal: refused
+    assert "interrupted restore" in capsys.readouterr().err
+    assert app.main(["cluster", "restore", "--finish", "--config", o.conf]) == 0
+    out = capsys.readouterr().out
+    assert "shard-0    done already" in out and "shard-1    swapped" in out
+    assert content(o.data_dir, 2) == new
