@@ -8,11 +8,13 @@
   client certificate that a server requiring mTLS checks.
 
 :func:`server_tls` and :func:`client_tls` read the files (plain reads; the bytes are what gRPC
-gets) and check them with the stdlib :mod:`ssl` module before any server or channel exists: a
-missing or unreadable file, a file with no PEM certificate or key, a key that does not belong
-to its certificate, a certificate without its key, or an own certificate that has expired or
-is not valid yet raise :class:`TlsError` (one line naming the file and what is wrong). gRPC itself would only fail later, per connection, with a
-message that names no file.
+gets) and check them with the stdlib :mod:`ssl` module before any server or channel exists:
+an option given as "", a missing, unreadable or empty file, a file with no PEM certificate or
+key, a key that does not belong to its certificate, a certificate without its key, or an own
+certificate that has expired or is not valid yet raise :class:`TlsError` (one line naming
+the file and what is wrong). gRPC itself would only fail later, per connection, with a
+message that names no file. Not checked: that a CA file holds a CA (a self-signed server
+certificate is a valid trust anchor for itself) and that a certificate names its host.
 
 The hostname a client checks is the host of the address it dials (``127.0.0.1`` in a
 cluster map needs an IP subjectAltName, ``shard-0.example`` a DNS one). Files are read once:
@@ -40,10 +42,12 @@ class TlsError(InvalidArgumentError):
 
 @dataclass(frozen=True)
 class ServerTls:
-    cert: bytes = field(repr=False)  # PEM certificate chain
-    key: bytes = field(repr=False)  # PEM private key
-    client_ca: bytes | None = field(default=None, repr=False)  # PEM CA certificates; set:
-    # client certificates required
+    """PEM bytes: ``cert`` (chain), ``key``, ``client_ca`` (set: client certificates signed
+    by it are required)."""
+
+    cert: bytes = field(repr=False)
+    key: bytes = field(repr=False)
+    client_ca: bytes | None = field(default=None, repr=False)
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.client_ca,
@@ -52,10 +56,11 @@ class ServerTls:
 
 @dataclass(frozen=True)
 class ClientTls:
-    ca: bytes | None = field(default=None, repr=False)  # PEM CA certificates; None: the
-    # system's roots
-    cert: bytes | None = field(default=None, repr=False)  # PEM client certificate chain (for
-    # servers requiring mTLS)
+    """PEM bytes: ``ca`` (None: the system's roots), ``cert`` (chain) and ``key`` (the
+    client certificate, for servers that require one)."""
+
+    ca: bytes | None = field(default=None, repr=False)
+    cert: bytes | None = field(default=None, repr=False)
     key: bytes | None = field(default=None, repr=False)
 
     def credentials(self) -> grpc.ChannelCredentials:
