@@ -427,7 +427,13 @@ def _exec_start(unit: str, env: dict[str, str], instance: str = "s0") -> list[st
     cmd = re.search(r"^ExecStart=(.*?)(?<!\\)$", text, re.S | re.M).group(1)
     cmd = cmd.replace("\\\n", " ").replace("%i", instance)
     cmd = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], cmd)
-    return shlex.split(cmd)
+    # systemd: "$VAR" standing alone is split at whitespace into words (none when empty)
+    # (systemd.service(5), "Command lines"); the units' Environment= lines default them to "".
+    out = []
+    for word in shlex.split(cmd):
+        m = re.fullmatch(r"\$(\w+)", word)
+        out.extend(env.get(m.group(1), "").split() if m else [word])
+    return out
 
 
 def test_deploy_units_use_flags_the_commands_accept():
@@ -446,6 +452,18 @@ def test_deploy_units_use_flags_the_commands_accept():
     assert router[1:3] == ["-m", "router"]
     a = router_parser().parse_args(router[3:])
     assert (a.cluster_map, a.processes, a.metrics_port) == ("/etc/sievekv/cluster.toml", 4, 9200)
+
+    # The optional TLS words from the env files, as deploy/README.md shows them.
+    shard = _exec_start("sievekv-shard@.service", {
+        "LISTEN": "10.0.0.11:7000", "METRICS_PORT": "0",
+        "TLS_ARGS": "--tls-cert /t/s0.pem --tls-key /t/s0-key.pem --tls-client-ca /t/ca.pem"})
+    a = shard_parser().parse_args(shard[3:])
+    assert (a.tls_cert, a.tls_key, a.tls_client_ca) == ("/t/s0.pem", "/t/s0-key.pem", "/t/ca.pem")
+    router = _exec_start("sievekv-router.service", {
+        "TLS_ARGS": "--tls-cert /t/r.pem --tls-key /t/r-key.pem",
+        "SHARD_TLS_ARGS": "--shard-tls-ca /t/ca.pem"})
+    a = router_parser().parse_args(router[3:])
+    assert (a.tls_cert, a.tls_key, a.shard_tls_ca) == ("/t/r.pem", "/t/r-key.pem", "/t/ca.pem")
 
 
 def test_deploy_example_map_and_readme_snippet_load_as_cluster_maps(tmp_path):
