@@ -40,7 +40,7 @@ from typing import Iterable, Iterator
 import grpc
 
 from shard.limits import Limits
-from shard.tls import client_tls, channel as open_channel
+from shard.tls import TlsError, client_tls, channel as open_channel
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
@@ -158,7 +158,8 @@ class Client:
     server started with ``--tls-client-ca`` (mutual TLS) requires; giving them also turns TLS
     on. The server's certificate must name the host of ``address`` (an IP address needs an IP
     subjectAltName). The files are read and checked here: one that cannot be used raises
-    :class:`shard.tls.TlsError` (a ValueError) naming it. A TLS mismatch (wrong CA, TLS
+    :class:`~router.client_errors.TlsFileError` naming it (an InvalidArgumentError, so a
+    ClientError; also a shard.tls.TlsError and a ValueError). A TLS mismatch (wrong CA, TLS
     against a plaintext server or the reverse, a refused client certificate) fails calls with
     UnavailableError, as an unreachable server does.
 
@@ -177,8 +178,11 @@ class Client:
         self.backoff = _check_seconds(backoff, "backoff")
         self.max_backoff = _check_seconds(max_backoff, "max_backoff")
         self.limits = Limits(max_value_bytes=max_value_bytes)
-        credentials = client_tls(tls_ca, tls_cert, tls_key, enabled=tls,
-                                 flags=("tls_ca", "tls_cert", "tls_key"))
+        try:
+            credentials = client_tls(tls_ca, tls_cert, tls_key, enabled=tls,
+                                     flags=("tls_ca", "tls_cert", "tls_key"))
+        except TlsError as exc:
+            raise errors.TlsFileError(str(exc)) from None
         self.tls = credentials is not None
         self._closed = False
         self._channel = open_channel(address, [

@@ -14,6 +14,12 @@ INTERNAL, UNKNOWN          InternalError
 any other                  ClientError
 =========================  ======================================================
 
+A TLS file given to the Client (``tls_ca``, ``tls_cert``, ``tls_key``) that cannot be used
+(missing, empty, not PEM, a key that does not match its certificate, an expired own
+certificate) raises :class:`TlsFileError` from the constructor, before any call: an
+InvalidArgumentError (code INVALID_ARGUMENT, ``details`` name the file and what is wrong),
+and also a :class:`shard.tls.TlsError` (a ValueError), as the servers raise for their files.
+
 A call on a closed Client raises :class:`ClosedError` (CANCELLED; also a ValueError, as I/O
 on a closed file is). Arguments are checked before anything is sent, as Python functions do:
 a key or value that is not ``bytes`` raises TypeError, a number out of range (a negative
@@ -31,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+
+from shard.tls import TlsError
 
 
 class ClientError(Exception):
@@ -64,6 +72,14 @@ class DeadlineExceededError(ClientError):
 
 class InternalError(ClientError):
     pass
+
+
+class TlsFileError(InvalidArgumentError, TlsError):
+    """A TLS file given to :class:`router.client.Client` cannot be used; ``details`` is one
+    line naming it (shard.tls.TlsError's). Raised by the constructor; no call was made."""
+
+    def __init__(self, details: str):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, details)
 
 
 class ClosedError(ClientError, ValueError):

@@ -52,6 +52,20 @@ TICK = 0.1  # seconds between checks of the children
 PROBE_TIMEOUT = 0.5
 
 
+def tls_start_hint(probe_tls) -> str:
+    """What to check when a process of a [tls] cluster never answered the health check
+    (made with ``probe_tls``, launch.client_tls): the certificate's CA and names, and with
+    client_ca, that [tls] cert is also the supervisor's (and the router's) client
+    certificate, which the servers refuse unless its extendedKeyUsage allows clientAuth."""
+    hint = (" (TLS on: is [tls] cert signed by [tls] ca, and does it name the host it listens "
+            "on (127.0.0.1, or ::1, for a wildcard address)?")
+    if probe_tls.cert is not None:
+        hint += (" With client_ca, [tls] cert is also the client certificate of the health "
+                 "checks and of the router: its extendedKeyUsage must allow clientAuth as "
+                 "well as serverAuth, and client_ca must have signed it")
+    return hint + ")"
+
+
 class StartFailure(Exception):
     """The cluster could not start. ``kind``: "conflict", "config" or "failed"."""
 
@@ -391,8 +405,7 @@ class Supervisor:
                     _log(f"{c.spec.name} not SERVING after {c.start_timeout:g}s; killing it")
                     c.last_exit = f"not SERVING within {c.start_timeout:g}s"
                     if self.probe_tls is not None:  # the health checks use [tls]
-                        c.last_exit += (" (TLS on: is its certificate signed by [tls] ca, and "
-                                        "does it name the host it listens on?)")
+                        c.last_exit += tls_start_hint(self.probe_tls)
                     c.signal(signal.SIGKILL)
                     c.popen.wait()
                     self._on_exit(c, now, reason=c.last_exit)

@@ -340,7 +340,9 @@ def supervise(args: argparse.Namespace) -> int:
 
     if args.port_file:
         write_port_file(args.port_file, port)
-    print(f"sievekv router listening on {address} ({args.processes} processes)", flush=True)
+    tls_on = " (TLS)" if args.tls_cert else ""  # checked by main's load_tls
+    print(f"sievekv router listening on {address} ({args.processes} processes){tls_on}",
+          flush=True)
     gave_up = None
     while gave_up is None and not stop.wait(TICK):
         now = time.monotonic()
@@ -379,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         print("router: --processes must be at least 1", file=sys.stderr)
         return 2
     try:
-        load_tls(args)  # fail before anything is spawned or bound
+        tls, shard_tls = load_tls(args)  # fail before anything is spawned or bound
     except TlsError as exc:
         print(f"python -m router: error: {exc}", file=sys.stderr, flush=True)
         return 2
     _setup_logging(args.log_level)
+    if tls is not None and shard_tls is None:
+        log.warning("serving TLS (--tls-cert) but calling the shards in plaintext (no "
+                    "--shard-tls-ca): keys and values cross the network unencrypted between "
+                    "the router and the shards; give --shard-tls-ca if the shards serve TLS")
     if args.processes == 1:
         return serve(args, args.listen)
     return supervise(args)

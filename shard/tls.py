@@ -24,6 +24,7 @@ Immutable objects; thread-safe.
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -215,8 +216,32 @@ def add_port(server: grpc.Server, address: str, tls: ServerTls | None) -> int:
     return server.add_secure_port(address, tls.credentials())
 
 
+def dial_address(address: str) -> str:
+    """The address to dial for ``address`` (HOST:PORT): a wildcard (unspecified) host
+    (``0.0.0.0``, ``[::]``), which a server may listen on but which names no host, is
+    dialled as the loopback address of its family (``127.0.0.1``, ``[::1]``); any other
+    address is returned as it is. Connecting to the wildcard already reaches this host, so
+    a plaintext call goes to the same server either way; over TLS, the loopback address is
+    also the host that the server's certificate must name (an IP subjectAltName), since no
+    certificate names 0.0.0.0. This is how a local cluster whose [router] listen (or a
+    cluster map's shard address) is a wildcard is reached."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]")
+                                  else host)
+    except ValueError:
+        return address  # a name, or no host at all
+    if not ip.is_unspecified:
+        return address
+    return f"127.0.0.1:{port}" if ip.version == 4 else f"[::1]:{port}"
+
+
 def channel(address: str, options=(), tls: ClientTls | None = None) -> grpc.Channel:
-    """A channel to ``address``: TLS with ``tls``, else plaintext."""
+    """A channel to ``address`` (a wildcard host is dialled as loopback: :func:`dial_address`):
+    TLS with ``tls``, else plaintext."""
+    address = dial_address(address)
     if tls is None:
         return grpc.insecure_channel(address, options=list(options))
     return grpc.secure_channel(address, tls.credentials(), options=list(options))

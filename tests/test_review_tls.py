@@ -1,6 +1,6 @@
 """Review of the TLS / mutual TLS support (shard/tls.py and its users): each test here shows a
-defect found in review. Those still open are strict xfails (remove the mark with the fix);
-those fixed while the review ran (fb3b800) stay as plain regression tests.
+defect found in review, now fixed: those fixed while the review ran (fb3b800) and those fixed
+in session 9 (each marked by a comment; they were strict xfails) are plain regression tests.
 
 Real shard, router and supervisor processes; certificates made at test time: the ``pki``
 fixture of tests/test_tls.py, plus a review CA (tests/tls_certs.make_ca) that signs
@@ -188,12 +188,7 @@ def test_cli_hints_at_tls_when_the_certificate_does_not_name_the_host(procs, odd
     assert "TLS handshake failed?" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a server whose certificate expired while it runs (the files are read once; no "
-    "rotation without a restart): the CLI's hint for gRPC's 'CERTIFICATE_VERIFY_FAILED: "
-    "certificate has expired' is 'the server's certificate is not signed by the --tls-ca CA' "
-    "(router/cli/rpc.py tls_hint reads certificate_verify_failed as a wrong CA), which sends "
-    "the operator to the wrong cause"))
+# Fixed in session 9; was a strict xfail: the hint blamed the CA for an expired cert.
 def test_cli_hint_for_a_server_certificate_that_expired_while_serving(procs, odd, tmp_path):
     name = odd.expiring(12)
     deadline = time.time() + 12
@@ -206,11 +201,7 @@ def test_cli_hint_for_a_server_certificate_that_expired_while_serving(procs, odd
     assert "expired" in hint and "not signed" not in hint, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a server certificate without subjectAltName (CN=127.0.0.1) passes the handshake and "
-    "fails each call with UNAUTHENTICATED 'call host does not match SSL server name': the "
-    "CLI exits 1 (not 3, a TLS mismatch) and gRPC core prints an extra 'E... ssl_utils.cc] "
-    "call host does not match' line on stderr (GRPC_VERBOSITY=ERROR does not hide E lines)"))
+# Fixed in session 9; was a strict xfail: SAN-less cert: exit 1 + gRPC E line.
 def test_cli_certificate_without_subject_alt_name_is_one_line_exit_3(procs, odd, tmp_path):
     s = _tls_shard(procs, tmp_path, odd.cert("nosan"), odd.key("nosan"))
     r = sievekv(tmp_path, "get", "k", "--router", s.address, "--tls-ca", odd.ca,
@@ -238,12 +229,7 @@ def test_cluster_status_of_a_tls_cluster_with_sievekv_router_set(pki: Pki, tmp_p
         _stop_cluster(tmp_path, conf)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "[tls] with client_ca and a cert whose extendedKeyUsage is serverAuth only (the "
-    "documented openssl recipe's shard certificate): the supervisor presents cert as its "
-    "client certificate, every shard refuses it, and after start_timeout the error's hint "
-    "(router/supervisor.py, 08d9fdd) asks whether the certificate is signed by [tls] ca and "
-    "names its host, both true here; nothing says client_ca needs cert to allow clientAuth"))
+# Fixed in session 9; was a strict xfail: hint did not name clientAuth.
 def test_cluster_start_names_client_auth_when_cert_is_server_only(pki: Pki, tmp_path):
     conf = _cluster_conf(tmp_path, start_timeout=5.0, cert=pki.server_cert,
                          key=pki.server_key, ca=pki.ca, client_ca=pki.ca)
@@ -257,12 +243,7 @@ def test_cluster_start_names_client_auth_when_cert_is_server_only(pki: Pki, tmp_
     assert "clientAuth" in lines[0], r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`cluster start` takes --tls-ca/--tls-cert/--tls-key (router/cli/app.py _common adds them "
-    "to every command) but makes no call with them and never reads them: with a CA that does "
-    "not exist it starts a plaintext cluster and exits 0, although docs/cli.md says a TLS "
-    "file that cannot be used is exit 2; an operator who means TLS gets plaintext silently "
-    "(a local cluster's TLS comes from [tls] only)"))
+# Fixed in session 9; was a strict xfail: --tls-ca ignored, exit 0.
 def test_cluster_start_does_not_ignore_tls_options(tmp_path):
     conf = _cluster_conf(tmp_path)  # [tls] empty: plaintext
     try:
@@ -274,13 +255,7 @@ def test_cluster_start_does_not_ignore_tls_options(tmp_path):
     assert "missing-ca.pem" in r.stderr or "[tls]" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a local cluster whose router listens on the wildcard ([router] listen = \"0.0.0.0:0\", "
-    "which works in plaintext) cannot start with [tls]: the supervisor's health check and the "
-    "CLI dial the recorded address 0.0.0.0:PORT and verify the router's certificate against "
-    "the host '0.0.0.0', which no certificate names (router/launch.py router_spec address, "
-    "router/supervisor.py probe); start fails after start_timeout with 'does it name the host "
-    "it listens on?'"))
+# Fixed in session 9; was a strict xfail: 0.0.0.0 dialled and verified as is.
 def test_local_tls_cluster_with_router_on_the_wildcard_address(pki: Pki, tmp_path):
     conf = _cluster_conf(tmp_path, start_timeout=10.0, router_host="0.0.0.0",
                          cert=pki.node_cert, key=pki.node_key, ca=pki.ca)
@@ -293,12 +268,7 @@ def test_local_tls_cluster_with_router_on_the_wildcard_address(pki: Pki, tmp_pat
         _stop_cluster(tmp_path, conf)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/app.py:18 sets GRPC_VERBOSITY=ERROR in os.environ (to keep gRPC's handshake "
-    "lines off the CLI's stderr), and `cluster start` passes its environment on to the "
-    "supervisor, the shards and the router: a local cluster's servers never log a refused "
-    "handshake, though deploy/README.md says a failed handshake shows as an 'I... Handshake "
-    "failed' line in the server's log (no trace of clients refused by mTLS)"))
+# Fixed in session 9; was a strict xfail: CLI's GRPC_VERBOSITY reached servers.
 def test_local_cluster_logs_refused_handshakes(pki: Pki, tmp_path):
     conf = _cluster_conf(tmp_path, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
                          client_ca=pki.ca)
@@ -317,10 +287,7 @@ def test_local_cluster_logs_refused_handshakes(pki: Pki, tmp_path):
         _stop_cluster(tmp_path, conf)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/worker.py: with --processes > 1 the supervising process prints 'sievekv router "
-    "listening on HOST:PORT (N processes)' without the '(TLS)' that a single-process router "
-    "and a shard print (worker.py:166, shard/worker.py:211)"))
+# Fixed in session 9; was a strict xfail: no '(TLS)' with --processes > 1.
 def test_multi_process_router_says_it_serves_tls(pki: Pki, tmp_path):
     map_path = tmp_path / "map.toml"
     map_path.write_text(ClusterMap.even([("s", "127.0.0.1:1")]).to_toml())

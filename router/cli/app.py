@@ -12,12 +12,29 @@ import argparse
 import os
 import sys
 
-# gRPC's core logs each failed TLS handshake on stderr ("I... ssl_transport_security.cc...
-# Handshake failed") unless GRPC_VERBOSITY is set before grpc is first imported; the CLI
-# reports the failure in its one error line instead.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from . import exit_codes  # noqa: E402 (after GRPC_VERBOSITY)
+def _quiet_grpc() -> None:
+    """Import grpc with its core's logging off, for this process only.
+
+    gRPC's core writes failed TLS handshakes ("I... Handshake failed") and some refused calls
+    ("E... ssl_utils.cc] call host does not match SSL server name") on stderr; the CLI reports
+    each failure in its one error line instead. GRPC_VERBOSITY is read once, when grpc is
+    first imported: it is set to NONE for that import only and the environment is given back
+    at once, so the processes the CLI starts (`cluster start`: the supervisor, the shards and
+    the router) log as the user's environment says. A GRPC_VERBOSITY the user set is left as
+    it is (debugging the CLI's own calls)."""
+    if "grpc" in sys.modules or "GRPC_VERBOSITY" in os.environ:
+        return
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    try:
+        import grpc  # noqa: F401
+    finally:
+        os.environ.pop("GRPC_VERBOSITY", None)
+
+
+_quiet_grpc()
+
+from . import exit_codes  # noqa: E402 (after _quiet_grpc)
 from .codec import ENCODINGS  # noqa: E402
 from .exit_codes import USAGE, CliError  # noqa: E402
 
@@ -79,8 +96,10 @@ def _router(text: str) -> str:
 
 
 def _common(p: argparse.ArgumentParser, *, router: bool = False,
-            timeout_help: str = "deadline of each call (default: 30)") -> None:
-    """Options every command accepts, before or after the command name."""
+            timeout_help: str = "deadline of each call (default: 30)", tls: bool = True) -> None:
+    """Options every command accepts, before or after the command name. ``tls=False``: the
+    command makes no call with the --tls-* options (a local cluster's TLS is its config's
+    [tls]); they are hidden from its help and refused (:func:`_check_tls_options`)."""
     g = p.add_argument_group("cluster selection")
     g.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
                    help="cluster config (TOML); default: $SIEVEKV_CONFIG or the embedded one")
@@ -92,14 +111,19 @@ def _common(p: argparse.ArgumentParser, *, router: bool = False,
         g.add_argument("--timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
                        help=timeout_help)
     t = p.add_argument_group("TLS (every call the command makes; default: plaintext)")
+    hide = not tls  # accepted, to be refused in one clear line (_check_tls_options)
     t.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM",
-                   help="connect over TLS, verifying servers with this CA certificate; "
-                        "default: $SIEVEKV_TLS_CA")
+                   help=argparse.SUPPRESS if hide else
+                   "connect over TLS, verifying servers with this CA certificate (without it, "
+                   "--tls-cert/--tls-key verify servers with the system's root CAs); default: "
+                   "$SIEVEKV_TLS_CA")
     t.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="PEM",
-                   help="client certificate for servers that require mutual TLS (with "
-                        "--tls-key); default: $SIEVEKV_TLS_CERT")
+                   help=argparse.SUPPRESS if hide else
+                   "client certificate for servers that require mutual TLS (with "
+                   "--tls-key); default: $SIEVEKV_TLS_CERT")
     t.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="PEM",
-                   help="private key of --tls-cert; default: $SIEVEKV_TLS_KEY")
+                   help=argparse.SUPPRESS if hide else
+                   "private key of --tls-cert; default: $SIEVEKV_TLS_KEY")
 
 
 def _encoding(p: argparse.ArgumentParser) -> None:
@@ -123,15 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(root, router=True)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def command(parent, name, func, help_, router=False, timeout_help=None, **kw):
+    def command(parent, name, func, help_, router=False, timeout_help=None, tls=True, **kw):
         kw.setdefault("epilog", exit_codes.epilog())
         p = parent.add_parser(name, help=help_, description=help_,
                               formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
         if timeout_help:
-            _common(p, router=router, timeout_help=timeout_help)
+            _common(p, router=router, timeout_help=timeout_help, tls=tls)
         else:
-            _common(p, router=router)
-        p.set_defaults(func=func, command_parser=p)
+            _common(p, router=router, tls=tls)
+        p.set_defaults(func=func, command_parser=p, takes_tls=tls)
         return p
 
     # -- cluster -------------------------------------------------------------------------
@@ -142,10 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status, restart or "
                                             "restore"))
     p = command(csub, "start", lifecycle.cmd_start,
-                "start the shards and the router in the background; print the router address")
+                "start the shards and the router in the background; print the router address",
+                tls=False)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "stop", lifecycle.cmd_stop,
-                "stop every process of the cluster (SIGTERM, then SIGKILL after the timeout)")
+                "stop every process of the cluster (SIGTERM, then SIGKILL after the timeout)",
+                tls=False)
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", default=argparse.SUPPRESS,
                    help="seconds before SIGKILL (default: the config's stop_timeout)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
@@ -153,13 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "a table of the cluster's processes: health, uptime, keys, disk, filters")
     p.add_argument("--json", action="store_true", help="JSON with raw numbers")
     p = command(csub, "restart", lifecycle.cmd_restart,
-                "restart one shard (--shard N) or stop and start the whole cluster")
+                "restart one shard (--shard N) or stop and start the whole cluster",
+                tls=False)
     p.add_argument("--shard", type=int, metavar="N", help="restart only shard N")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p = command(csub, "restore", _cmd_restore,
                 "replace the stopped cluster's data by a checkpoint (`sievekv checkpoint`): "
                 "checks its shards and slot layout, stages and verifies a copy of each, then "
-                "moves the old data to DATA_DIR/restore-backup-<time>/ and the copies in place")
+                "moves the old data to DATA_DIR/restore-backup-<time>/ and the copies in place",
+                tls=False)
     p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR",
                    help="the directory `sievekv checkpoint` wrote (one subdirectory per shard)")
     p.add_argument("--no-verify", action="store_true",
@@ -300,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             names = list(parser.commands)
             parser.error(f"missing COMMAND: {', '.join(names[:-1])} or {names[-1]}")
         _check_root_options(args)
+        _check_tls_options(args)
         from . import rpc
 
         rpc.use_tls(args)
@@ -307,13 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except CliError as exc:
-        message = str(exc)
-        if exc.code == exit_codes.UNREACHABLE:
-            from .rpc import tls_hint
+        from .rpc import tls_failure
 
-            message += tls_hint(message)
+        message, code = tls_failure(str(exc), exc.code)
         _error(message)
-        return exc.code
+        return code
     except KeyboardInterrupt:
         _error("interrupted")
         return exit_codes.INTERRUPTED
@@ -344,6 +371,21 @@ def _check_root_options(args) -> None:
         if hasattr(args, dest) and dest not in takes:
             raise CliError(f"--{dest} does not apply to '{cmd.prog.removeprefix('sievekv ')}'",
                            USAGE)
+
+
+def _check_tls_options(args) -> None:
+    """--tls-ca/--tls-cert/--tls-key (before or after the command name) given to a command
+    that makes no call with them (``cluster start``, ``stop``, ``restart``, ``restore``) are
+    an error: a local cluster's TLS is its config's [tls] section, and an operator who means
+    TLS must not get a plaintext cluster silently. $SIEVEKV_TLS_* are not refused (they are
+    meant for every command)."""
+    if getattr(args, "takes_tls", True):
+        return
+    for part in ("ca", "cert", "key"):
+        if hasattr(args, f"tls_{part}"):
+            name = args.command_parser.prog.removeprefix("sievekv ")
+            raise CliError(f"--tls-{part} does not apply to '{name}': a local cluster's TLS is "
+                           f"the [tls] section of its config", USAGE)
 
 
 def _error(message: str) -> None:

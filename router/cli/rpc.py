@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 from shard.tls import ClientTls, TlsError, channel, client_tls, looks_like_handshake_failure
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pb_grpc
 
-from .exit_codes import USAGE, CliError
+from .exit_codes import UNREACHABLE, USAGE, CliError
 
 TLS_ENV = {"ca": "SIEVEKV_TLS_CA", "cert": "SIEVEKV_TLS_CERT", "key": "SIEVEKV_TLS_KEY"}
 # The command's TLS settings (one command per process; set by use_tls from the main thread).
@@ -29,6 +30,7 @@ _tls_paths: dict[str, str | None] = {"ca": None, "cert": None, "key": None}
 _tls_flags: dict[str, str] = {}  # part -> how it was given: "--tls-ca" or "$SIEVEKV_TLS_CA"
 _tls_args: list = [None]  # the command's arguments, for the local cluster's [tls]
 _tls_loaded: list = []  # [ClientTls | None] once loaded
+_tls_lock = threading.Lock()  # tls() may run in several threads at once (cluster status)
 
 
 def use_tls(args) -> None:
@@ -77,16 +79,22 @@ def _flag(part: str) -> str:
 
 def tls() -> ClientTls | None:
     """The command's client credentials (None: plaintext), read and checked once; a file that
-    cannot be used raises CliError (USAGE) naming it."""
-    if not _tls_loaded:
-        if not any(_tls_paths.values()):
-            _local_cluster_tls(_tls_args[0])
-        try:
-            _tls_loaded.append(client_tls(_tls_paths["ca"], _tls_paths["cert"], _tls_paths["key"],
-                                          flags=(_flag("ca"), _flag("cert"), _flag("key"))))
-        except TlsError as exc:
-            raise CliError(str(exc), USAGE) from None
-    return _tls_loaded[0]
+    cannot be used raises CliError (USAGE) naming it (again at each call).
+
+    Thread-safe: the first call reads the files under a lock, every call returns the same
+    object (``cluster status`` probes its processes from worker threads). :func:`use_tls`
+    is not: call it once, from the main thread, before any thread calls this."""
+    with _tls_lock:
+        if not _tls_loaded:
+            if not any(_tls_paths.values()):
+                _local_cluster_tls(_tls_args[0])
+            try:
+                creds = client_tls(_tls_paths["ca"], _tls_paths["cert"], _tls_paths["key"],
+                                   flags=(_flag("ca"), _flag("cert"), _flag("key")))
+            except TlsError as exc:
+                raise CliError(str(exc), USAGE) from None
+            _tls_loaded.append(creds)
+        return _tls_loaded[0]
 
 
 def client_tls_args() -> dict:
@@ -96,20 +104,53 @@ def client_tls_args() -> dict:
             "tls_key": _tls_paths["key"]}
 
 
+# gRPC's UNAUTHENTICATED details when the handshake passed but the server's certificate
+# does not name the host of the call: a certificate without subjectAltName (CN only) gets here
+# (grpc 1.85; tests/test_review_tls.py).
+CALL_HOST_WORDS = "call host does not match ssl server name"
+
+
+def tls_failure(message: str, code: int) -> tuple[str, int]:
+    """The CLI's error line and exit code for a failed command whose one line is ``message``
+    and exit code ``code``: a TLS failure gets :func:`tls_hint`'s hint and exit code
+    UNREACHABLE (a TLS mismatch is a cluster the command cannot talk to); anything else is
+    returned as it is."""
+    if code == UNREACHABLE or CALL_HOST_WORDS in message.lower():
+        hint = tls_hint(message)
+        if hint:
+            return message + hint, UNREACHABLE
+    return message, code
+
+
 def tls_hint(details: str) -> str:
     """A hint to append to an UNAVAILABLE whose ``details`` read like a TLS handshake failure
-    (shard/tls.py, HANDSHAKE_WORDS); "" otherwise."""
+    (shard/tls.py, HANDSHAKE_WORDS), or to gRPC's UNAUTHENTICATED "call host does not match
+    SSL server name"; "" otherwise. The words checked are OpenSSL's and gRPC's (grpc 1.85):
+    "certificate has expired" and "certificate is not yet valid" are dates (the server reads
+    its files once, so a certificate can expire while it serves), any other
+    CERTIFICATE_VERIFY_FAILED is a certificate not signed by the CA used."""
+    text = details.lower()
+    if CALL_HOST_WORDS in text:
+        return (" (TLS: the server's certificate has no subjectAltName naming the host "
+                "dialled: a certificate's CN is not checked; add an IP or DNS subjectAltName)")
     if not looks_like_handshake_failure(details):
         return ""
-    text = details.lower()
-    using = _tls_loaded[0] if _tls_loaded else None
+    with _tls_lock:
+        using = _tls_loaded[0] if _tls_loaded else None
+    ca = _flag("ca")
     if "shard " in text and " is unavailable: " in text:  # the router's call to a shard failed
         why = ("between the router and that shard: check the router's --shard-tls-* options "
                "against the shard's --tls-* options")
     elif "wrong_version_number" in text:
         why = "the server does not speak TLS (drop --tls-ca/$SIEVEKV_TLS_CA?)"
+    elif "certificate has expired" in text:
+        why = ("the server's certificate has expired (or this host's clock is ahead): a "
+               "server reads its certificate once, at start; renew it and restart the server")
+    elif "not yet valid" in text:
+        why = ("the server's certificate is not valid yet: check the clocks of this host and "
+               "of the server")
     elif "certificate_verify_failed" in text:
-        why = "the server's certificate is not signed by the --tls-ca CA"
+        why = f"the server's certificate is not signed by the {ca} CA"
     elif "hostname verification" in text:
         why = ("the server's certificate does not name the host dialled (its subjectAltName "
                "needs that IP address or DNS name)")
@@ -121,6 +162,7 @@ def tls_hint(details: str) -> str:
     else:
         why = "the server may have refused the client certificate (not signed by its client CA)"
     return f" (TLS handshake failed? {why})"
+
 
 MAX_MESSAGE = 64 << 20  # reports of many tables can be large
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
