@@ -58,9 +58,10 @@ COPY_CHUNK_BYTES = 1 << 20
 
 _lock = threading.Lock()  # one checkpoint per process at a time (one progress to show)
 
-# errnos of a link the file system refuses (copy instead); any other link error fails the call
-_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK,
-                      errno.ENOSYS})
+# errnos of a link the file system refuses (copy instead); any other link error fails the call.
+# Shared with engine/db_copy.py, as is copy_table.
+NO_LINK_ERRNOS = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
+                            errno.EMLINK, errno.ENOSYS})
 
 
 def checkpoint_db(db, dest, create_parents: bool = False) -> dict:
@@ -112,11 +113,11 @@ def _checkpoint(db, dest, create_parents: bool) -> dict:
                     progress.tables_done += 1
                     progress.add(f.size)
                 except StorageIOError as exc:
-                    if exc.errno not in _NO_LINK:
+                    if exc.errno not in NO_LINK_ERRNOS:
                         raise
                     opened.append((f, fs.open_readable(src)))
         for f, src in opened:
-            _copy(fs, src, filenames.table_file_name(staging, f.number), f.size, progress)
+            copy_table(fs, src, filenames.table_file_name(staging, f.number), f.size, progress)
             progress.tables_done += 1
         for f in files:
             last_seq = max(last_seq, f.largest_seq)
@@ -241,7 +242,7 @@ def _path_error(exc: StorageIOError, path: str) -> Exception:
     return exc
 
 
-def _copy(fs, src, path: str, size: int, progress: Progress) -> None:
+def copy_table(fs, src, path: str, size: int, progress: Progress) -> None:
     """Copy the open table ``src`` (``size`` bytes, as the manifest records) to ``path``,
     synced. A short file is an error, not a short copy."""
     out = fs.open_writable(path)

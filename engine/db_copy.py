@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from . import filenames
-from .checkpoint import _NO_LINK, _copy
+from .checkpoint import NO_LINK_ERRNOS, copy_table
 from .errors import AlreadyExistsError, InvalidArgumentError, StorageIOError
 from .manifest import Manifest
 from .progress import Progress
@@ -84,11 +84,11 @@ def copy_db(fs, src: str, dest: str, files: DbFiles | None = None,
             if progress is not None:
                 progress.add(f.size)
         except StorageIOError as exc:
-            if exc.errno not in _NO_LINK:
+            if exc.errno not in NO_LINK_ERRNOS:
                 raise
             src_file = fs.open_readable(s)
             try:
-                _copy(fs, src_file, d, f.size, progress or Progress(0, 0))
+                copy_table(fs, src_file, d, f.size, progress or Progress(0, 0))
             finally:
                 src_file.close()
             copied += 1
