@@ -57,8 +57,8 @@ def tls_start_hint(probe_tls) -> str:
     (made with ``probe_tls``, launch.client_tls): the certificate's CA and names, and with
     client_ca, that [tls] cert is also the supervisor's (and the router's) client
     certificate, which the servers refuse unless its extendedKeyUsage allows clientAuth."""
-    hint = (" (TLS on: is [tls] cert signed by [tls] ca, and does it name the host it listens "
-            "on (127.0.0.1, or ::1, for a wildcard address)?")
+    hint = (" (TLS on: is its certificate signed by [tls] ca, and does it name the host it "
+            "listens on (127.0.0.1, or ::1, for a wildcard address)?")
     if probe_tls.cert is not None:
         hint += (" With client_ca, [tls] cert is also the client certificate of the health "
                  "checks and of the router: its extendedKeyUsage must allow clientAuth as "

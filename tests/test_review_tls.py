@@ -306,6 +306,43 @@ def test_multi_process_router_says_it_serves_tls(pki: Pki, tmp_path):
     assert "listening on" in line and "(TLS)" in line, line
 
 
+@pytest.mark.parametrize("argv", [
+    ("cluster", "stop", "--tls-ca", "ca.pem"),
+    ("--tls-cert", "c.pem", "cluster", "restart"),
+    ("cluster", "restore", "ckpt", "--tls-key", "k.pem")])
+def test_lifecycle_commands_refuse_tls_options(tmp_path, argv):
+    """Like `cluster start` (above): the commands that make no call with --tls-* refuse them,
+    before or after the command name, before anything else."""
+    r = sievekv(tmp_path, *argv)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "does not apply to 'cluster " in lines[0], r.stderr
+    assert "[tls] section" in lines[0], r.stderr
+    help_text = sievekv(tmp_path, "cluster", argv[1] if argv[0] == "cluster" else argv[3],
+                        "--help").stdout
+    assert "--tls-ca" not in help_text, help_text
+
+
+def test_tls_router_with_plaintext_shard_channels_warns(pki: Pki, tmp_path):
+    """Reviewer's note: a router serving TLS but calling its shards in plaintext logs one
+    WARNING at startup (likely a misconfiguration), and starts."""
+    map_path = tmp_path / "map.toml"
+    map_path.write_text(ClusterMap.even([("s", "127.0.0.1:1")]).to_toml())
+    proc = subprocess.Popen([sys.executable, "-m", "router", "--cluster-map", str(map_path),
+                             "--listen", "127.0.0.1:0", "--exit-with-parent",
+                             "--tls-cert", pki.server_cert, "--tls-key", pki.server_key],
+                            cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=10)
+    assert "listening on" in line and "(TLS)" in line, (line, err)
+    warnings = [w for w in err.splitlines() if " WARNING " in w]
+    assert len(warnings) == 1 and "--shard-tls-ca" in warnings[0], err
+
+
 def test_tls_objects_do_not_show_the_private_key(pki: Pki):
     """Found in review: the dataclasses' repr printed the private key's PEM bytes; fixed in
     fb3b800."""

@@ -143,6 +143,25 @@ def test_client_checks_its_files_before_connecting(pki, tmp_path):
         Client("127.0.0.1:1", tls_ca=str(tmp_path / "nope.pem"))
 
 
+def test_client_bad_tls_file_is_a_client_error(tmp_path):
+    """Client users catch router.client_errors.ClientError: a bad TLS file is one of them
+    (InvalidArgumentError), and still a shard.tls.TlsError and a ValueError."""
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        Client("127.0.0.1:1", tls_ca=str(tmp_path / "nope.pem"))
+    exc = info.value
+    assert isinstance(exc, errors.TlsFileError) and isinstance(exc, tls.TlsError)
+    assert exc.code.name == "INVALID_ARGUMENT" and "nope.pem" in exc.details
+
+
+@pytest.mark.parametrize("address,dialled", [
+    ("0.0.0.0:7000", "127.0.0.1:7000"), ("[::]:7000", "[::1]:7000"),
+    ("[::0]:7000", "[::1]:7000"), ("127.0.0.1:7000", "127.0.0.1:7000"),
+    ("[::1]:7000", "[::1]:7000"), ("10.0.0.5:7000", "10.0.0.5:7000"),
+    ("shard-0.example:7000", "shard-0.example:7000"), ("unix:/tmp/s.sock", "unix:/tmp/s.sock")])
+def test_wildcard_listen_address_is_dialled_as_loopback(address, dialled):
+    assert tls.dial_address(address) == dialled
+
+
 # -- TLS end to end -----------------------------------------------------------------------
 
 def test_every_data_and_admin_call_over_tls(net):
@@ -321,6 +340,42 @@ def test_tls_hint_only_for_handshake_failures(no_cli_tls):
     assert "--shard-tls" in rpc.tls_hint(
         "get: UNAVAILABLE: shard s0 at 127.0.0.1:5 is unavailable: failed to connect to all "
         "addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:5: Socket closed")
+
+
+_VERIFY_FAILED = ("get: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+                  "ipv4:127.0.0.1:5: Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: "
+                  "error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: ")
+
+
+@pytest.mark.parametrize("reason,words", [
+    ("certificate has expired", "has expired"),
+    ("certificate is not yet valid", "not valid yet"),
+    ("unable to get local issuer certificate", "not signed by the --tls-ca CA")])
+def test_tls_hint_tells_dates_from_a_wrong_ca(no_cli_tls, reason, words):
+    hint = rpc.tls_hint(_VERIFY_FAILED + reason)
+    assert words in hint, hint
+    assert reason == "unable to get local issuer certificate" or "not signed" not in hint
+
+
+def test_tls_failure_makes_a_call_host_mismatch_exit_3(no_cli_tls):
+    from router.cli.exit_codes import ERROR, UNREACHABLE
+
+    line = "get: UNAUTHENTICATED: call host does not match SSL server name"
+    message, code = rpc.tls_failure(line, ERROR)
+    assert code == UNREACHABLE and "subjectAltName" in message, message
+    other = "get: UNAUTHENTICATED: not allowed"
+    assert rpc.tls_failure(other, ERROR) == (other, ERROR)
+
+
+def test_rpc_tls_is_loaded_once_from_many_threads(pki, no_cli_tls):
+    """cluster status calls rpc.tls() from worker threads: one object, read once."""
+    import argparse
+    from concurrent.futures import ThreadPoolExecutor
+
+    rpc.use_tls(argparse.Namespace(tls_ca=pki.ca))
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: rpc.tls(), range(64)))
+    assert got[0] is not None and all(g is got[0] for g in got)
 
 
 # -- bad startup inputs ---------------------------------------------------------------------

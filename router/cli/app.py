@@ -115,8 +115,8 @@ def _common(p: argparse.ArgumentParser, *, router: bool = False,
     t.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM",
                    help=argparse.SUPPRESS if hide else
                    "connect over TLS, verifying servers with this CA certificate (without it, "
-                   "--tls-cert/--tls-key verify servers with the system's root CAs); default: "
-                   "$SIEVEKV_TLS_CA")
+                   "--tls-cert/--tls-key verify servers with gRPC's default root CAs); "
+                   "default: $SIEVEKV_TLS_CA")
     t.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="PEM",
                    help=argparse.SUPPRESS if hide else
                    "client certificate for servers that require mutual TLS (with "

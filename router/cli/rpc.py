@@ -131,8 +131,9 @@ def tls_hint(details: str) -> str:
     CERTIFICATE_VERIFY_FAILED is a certificate not signed by the CA used."""
     text = details.lower()
     if CALL_HOST_WORDS in text:
-        return (" (TLS: the server's certificate has no subjectAltName naming the host "
-                "dialled: a certificate's CN is not checked; add an IP or DNS subjectAltName)")
+        return (" (TLS: the server's certificate does not name the host dialled in a "
+                "subjectAltName: give it an IP subjectAltName for an IP address, a DNS one "
+                "for a name)")
     if not looks_like_handshake_failure(details):
         return ""
     with _tls_lock:
