@@ -9,15 +9,28 @@ writes this file (synced) and only then swaps directories, one rename pair per s
 and removes the file when every shard is swapped. While it exists, the data directory may hold
 some shards restored and others not: ``cluster start`` (router/preflight.py) and ``cluster
 restore`` refuse, and ``cluster restore --finish`` or ``--undo`` settle it. Each step is
-idempotent and decided from which of the three paths exist, so either can be run again after a
+idempotent and decided from which of the paths exist, so either can be run again after a
 crash of its own. Nothing here deletes old data: ``--undo`` removes only staged or restored
-copies (the checkpoint they came from is untouched).
+copies (the checkpoint they came from is untouched), and first renames such a copy to
+``shard-N.restore-discard`` (atomic) so that a partly deleted copy never sits where
+``--finish`` looks. ``--undo`` marks the journal (``undo_started``) before it changes anything;
+from then on ``--finish`` refuses, and ``--finish`` installs only a staged copy that is complete
+(engine/db_copy.py ``describe``).
+
+Paths in the journal are relative to the data directory (a moved data directory settles in
+its new place); a journal of an older build may hold absolute paths, which :func:`resolve`
+keeps as they are.
 
 Schema (version 1)::
 
-    {"version": 1, "checkpoint": abs path, "backup": abs path, "started_at": ISO-8601 UTC,
+    {"version": 1, "checkpoint": abs path, "backup": path, "started_at": ISO-8601 UTC,
+     "undo_started": ISO-8601 UTC (only once --undo began),
      "shards": [{"name": "shard-0", "data": path, "staged": path, "backup": path,
                  "had_data": bool}, ...]}
+
+While a restore runs it also leaves ``<data_dir>/restore-running.json`` (its pid, see
+:func:`mark_running`), so that ``cluster start`` / ``stop`` / ``status`` can say a restore holds
+the cluster lock rather than name the last supervisor.
 """
 
 from __future__ import annotations
@@ -25,12 +38,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
+import psutil
+
+from engine.db_copy import describe
+from engine.errors import SieveError
 from engine.vfs import FileSystem, default_fs
+
+from . import cluster_state as cs
 
 JOURNAL_FILE = "restore-journal.json"
 JOURNAL_VERSION = 1
 STAGING_SUFFIX = ".restore-tmp"
+DISCARD_SUFFIX = ".restore-discard"  # a copy --undo renamed out of the way and deletes
+RUNNING_FILE = "restore-running.json"
 BACKUP_PREFIX = "restore-backup-"
 
 
@@ -57,12 +79,35 @@ def read(data_dir: str) -> dict | None:
     return doc
 
 
+def tmp_path(data_dir: str) -> str:
+    """The journal's temporary file; one left by a crash is never a journal (the rename that
+    makes the journal had not happened, so nothing was swapped): :func:`remove_stale_tmp`."""
+    return journal_path(data_dir) + ".tmp"
+
+
+def remove_stale_tmp(data_dir: str) -> None:
+    try:
+        os.remove(tmp_path(data_dir))
+    except FileNotFoundError:
+        pass
+
+
+def resolve(data_dir: str, entry: dict) -> dict:
+    """``entry`` with its paths made absolute (relative ones are relative to ``data_dir``)."""
+    return dict(entry, **{k: os.path.join(data_dir, entry[k])
+                          for k in ("data", "staged", "backup")})
+
+
+def relative(data_dir: str, path: str) -> str:
+    return os.path.relpath(path, data_dir)
+
+
 def write(data_dir: str, doc: dict, fs: FileSystem | None = None) -> None:
     """Create the journal (temporary file, fsync, rename, directory fsync)."""
     fs = fs or default_fs()
     doc = dict(doc, version=JOURNAL_VERSION)
     path = journal_path(data_dir)
-    tmp = path + ".tmp"
+    tmp = tmp_path(data_dir)
     try:
         f = fs.open_writable(tmp)
         try:
@@ -106,10 +151,28 @@ def _sync_parent(fs: FileSystem, path: str) -> None:
     fs.sync_dir(os.path.dirname(path))
 
 
+def check_staged(entry: dict, fs: FileSystem | None = None) -> None:
+    """JournalError unless the staged copy of ``entry`` (absolute paths) is absent or a complete
+    DB: ``CURRENT`` and every live table with its recorded size. Reads only."""
+    fs = fs or default_fs()
+    staged = entry["staged"]
+    if not os.path.lexists(staged):
+        return
+    try:
+        describe(fs, staged)
+    except (SieveError, OSError) as exc:
+        raise JournalError(f"{entry['name']}: the staged copy {staged} is not complete ({exc}): "
+                           f"it is not installed; put the old data back with `sievekv cluster "
+                           f"restore --undo`") from None
+
+
 def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
-    """Swap one shard (module docstring). Returns "swapped" or "done already"."""
+    """Swap one shard (module docstring); ``entry``'s paths absolute (:func:`resolve`).
+    Returns "swapped" or "done already". A staged copy that is not complete is refused
+    (:func:`check_staged`) before anything is renamed."""
     fs = fs or default_fs()
     data, staged, backup = entry["data"], entry["staged"], entry["backup"]
+    check_staged(entry, fs)
     if not os.path.lexists(staged):
         if not os.path.lexists(data):
             raise JournalError(f"{entry['name']}: neither {staged} nor {data} exists; the "
@@ -119,37 +182,110 @@ def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
         if os.path.lexists(backup):
             raise JournalError(f"{entry['name']}: {data}, {staged} and {backup} all exist; "
                                f"settle this shard by hand")
-        os.makedirs(os.path.dirname(backup), exist_ok=True)
+        parent = os.path.dirname(backup)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, exist_ok=True)
+            _sync_parent(fs, parent)  # the new backup directory's entry
         fs.rename(data, backup)
         _sync_parent(fs, backup)
+        if os.path.dirname(data) != parent:
+            _sync_parent(fs, data)  # the source directory of a cross-directory rename
     fs.rename(staged, data)
     _sync_parent(fs, data)
     return "swapped"
 
 
 def undo_shard(entry: dict, fs: FileSystem | None = None) -> str:
-    """Put one shard's old data back and drop its staged or restored copy. Returns what it did."""
+    """Put one shard's old data back and drop its staged or restored copy; ``entry``'s paths
+    absolute (:func:`resolve`). Returns what it did. A copy to drop is first renamed to
+    ``<data>.restore-discard`` and only then deleted, so a deletion cut short leaves nothing
+    under a name that ``--finish`` would install."""
     fs = fs or default_fs()
     data, staged, backup = entry["data"], entry["staged"], entry["backup"]
+    discard = data + DISCARD_SUFFIX
+    if not any(os.path.lexists(p) for p in (data, staged, backup, discard)):
+        if entry.get("had_data"):
+            raise JournalError(f"{entry['name']}: none of {data}, {staged}, {backup} exists: "
+                               f"the journal's paths are gone (was the data directory moved?); "
+                               f"settle this shard by hand")
+        return "not restored"
     if os.path.lexists(data) and not os.path.lexists(staged):
         if entry.get("had_data") and not os.path.lexists(backup):
-            return "not restored"  # never swapped and never staged (or undone already)
-        fs.rename(data, staged)  # the restored copy: out of the way first
-        _sync_parent(fs, staged)
+            # never swapped and never staged, or undone already (but for a discard to delete)
+            how = "old data back" if os.path.lexists(discard) else "not restored"
+            _drop(fs, discard)
+            return how
+        _discard(fs, data, discard)  # the restored copy: out of the way first
     if os.path.lexists(backup):
         if os.path.lexists(data):
             raise JournalError(f"{entry['name']}: both {data} and {backup} exist; settle this "
                                f"shard by hand")
         fs.rename(backup, data)
         _sync_parent(fs, data)
+        _sync_parent(fs, backup)
     if os.path.lexists(staged):
-        shutil.rmtree(staged)
-        _sync_parent(fs, staged)
+        _discard(fs, staged, discard)
+    _drop(fs, discard)
     return "old data back"
 
 
-def remove_empty_backup(doc: dict) -> None:
+def _discard(fs: FileSystem, path: str, discard: str) -> None:
+    """Rename ``path`` to ``discard`` (an earlier, cut-short discard is deleted first)."""
+    _drop(fs, discard)
+    fs.rename(path, discard)
+    _sync_parent(fs, discard)
+
+
+def _drop(fs: FileSystem, discard: str) -> None:
+    if os.path.lexists(discard):
+        shutil.rmtree(discard)
+        _sync_parent(fs, discard)
+
+
+def mark_running(data_dir: str, checkpoint: str | None) -> None:
+    """Record this process as the restore holding ``data_dir``'s cluster lock (best effort:
+    the file only improves messages). REQUIRES: the cluster lock held."""
     try:
-        os.rmdir(doc["backup"])
+        ct = psutil.Process().create_time()
+    except psutil.Error:
+        ct = None
+    doc = {"pid": os.getpid(), "create_time": ct, "checkpoint": checkpoint,
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        with open(os.path.join(data_dir, RUNNING_FILE), "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    except OSError:
+        pass
+
+
+def unmark_running(data_dir: str) -> None:
+    try:
+        os.remove(os.path.join(data_dir, RUNNING_FILE))
+    except OSError:
+        pass
+
+
+def running(data_dir: str) -> dict | None:
+    """The restore that holds ``data_dir``'s cluster lock now ({"pid", "checkpoint", ...}), or
+    None (none recorded, or its process is gone)."""
+    try:
+        with open(os.path.join(data_dir, RUNNING_FILE), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not cs.pid_alive(doc.get("pid"), doc.get("create_time")):
+        return None
+    return doc
+
+
+def running_line(doc: dict) -> str:
+    """"a `sievekv cluster restore` (pid N, from CK)" for messages."""
+    what = f", from {doc['checkpoint']}" if doc.get("checkpoint") else ""
+    return f"a `sievekv cluster restore` (pid {doc.get('pid')}{what})"
+
+
+def remove_empty_backup(data_dir: str, doc: dict) -> None:
+    try:
+        os.rmdir(os.path.join(data_dir, doc["backup"]))
     except OSError:
         pass

@@ -499,3 +499,91 @@ def test_a_failure_between_the_swaps_keeps_the_journal_and_finish_completes(rest
     out = capsys.readouterr().out
     assert "shard-0    done already" in out and "shard-1    swapped" in out
     assert content(o.data_dir, 2) == new
+
+
+# ---------------------------------------------------------------------------------------------
+# session 9: review fixes without a review test of their own
+# ---------------------------------------------------------------------------------------------
+
+def test_a_journal_tmp_left_by_a_crash_is_removed_by_the_next_restore_or_settle(restored,
+                                                                               tmp_path):
+    o, old = restored
+    tmp = rj.tmp_path(o.data_dir)  # SIGKILL before the journal's rename: nothing swapped
+    for argv in (["--finish"], ["--undo"]):
+        with open(tmp, "w") as f:
+            f.write('{"version": 1, "shar')
+        r = o.restore(*argv)
+        assert r.returncode == 2 and "holds no interrupted restore" in r.stderr, r.stderr
+        assert not os.path.exists(tmp)
+    with open(tmp, "w") as f:
+        f.write('{"version": 1, "shar')
+    r = o.restore(str(tmp_path / "ck"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(tmp)
+    assert content(o.data_dir, 2) == old
+
+
+def test_a_symlinked_shard_directory_is_refused(restored, tmp_path):
+    o, old = restored
+    target = str(tmp_path / "elsewhere-shard-0")
+    os.rename(os.path.join(o.data_dir, "shard-0"), target)
+    os.symlink(target, os.path.join(o.data_dir, "shard-0"))
+    _refused(o, str(tmp_path / "ck"), 2, "is a symbolic link")
+    assert content(o.data_dir, 2) == old
+
+
+def test_finish_refuses_once_an_undo_began_and_a_staged_copy_that_is_not_complete(restored,
+                                                                                  tmp_path):
+    o, old = restored
+    ck = str(tmp_path / "new")
+    make_checkpoint(ck, even_slot_ranges(2), model_of(500, "new", seed=1), str(tmp_path))
+    doc = _interrupted(o, ck, renames=0)  # journal written, nothing swapped
+    staged = doc["shards"][1]["staged"]
+    table = next(n for n in os.listdir(staged) if n.endswith(".sst"))
+    os.remove(os.path.join(staged, table))
+    before = tree(o.data_dir)
+    r = o.restore("--finish")
+    assert r.returncode == 1 and one_error_line(r.stderr), r.stderr
+    assert "shard-1" in r.stderr and "not complete" in r.stderr, r.stderr
+    assert tree(o.data_dir) == before  # not even shard-0 was swapped
+    rj.write(o.data_dir, dict(doc, undo_started="2026-01-01T00:00:01Z"))
+    before = tree(o.data_dir)
+    r = o.restore("--finish")
+    assert r.returncode == 2 and one_error_line(r.stderr) and "--undo" in r.stderr, r.stderr
+    assert tree(o.data_dir) == before
+    r = o.restore("--undo")
+    assert r.returncode == 0, r.stderr
+    assert content(o.data_dir, 2) == old
+    assert not [n for n in os.listdir(o.data_dir) if n.endswith(rj.DISCARD_SUFFIX)]
+
+
+def test_a_moved_data_directory_is_settled_in_its_new_place(restored, tmp_path, monkeypatch,
+                                                            capsys):
+    from router.cli import restore_cmd
+
+    o, old = restored
+    new = model_of(500, "new", seed=1)
+    ck = str(tmp_path / "new")
+    make_checkpoint(ck, even_slot_ranges(2), new, str(tmp_path))
+    real = rj.finish_shard
+
+    def failing(entry, fs=None):
+        if entry["name"] == "shard-1":
+            raise OSError(5, "Input/output error (injected)")
+        return real(entry, fs)
+
+    monkeypatch.setattr(restore_cmd.rj, "finish_shard", failing)
+    assert app.main(["cluster", "restore", ck, "--quiet", "--config", o.conf]) == 1
+    monkeypatch.setattr(restore_cmd.rj, "finish_shard", real)
+    capsys.readouterr()
+    doc = rj.read(o.data_dir)
+    assert not any(os.path.isabs(e[k]) for e in doc["shards"] for k in ("data", "staged"))
+    moved = os.path.join(o.root, "moved")
+    os.rename(o.data_dir, moved)
+    with open(o.conf) as f:
+        text = f.read()
+    with open(o.conf, "w") as f:
+        f.write(text.replace('data_dir = "data"', 'data_dir = "moved"'))
+    assert app.main(["cluster", "restore", "--finish", "--config", o.conf]) == 0
+    assert "is finished" in capsys.readouterr().out
+    assert content(moved, 2) == new

@@ -1,7 +1,8 @@
 """Review of ``sievekv cluster restore`` (router/cli/restore_cmd.py, router/restore_journal.py):
-strict xfails for what is still wrong. Each runs the real CLI on real directories built with the
-engine (the fixtures of tests/test_restore.py); no server is started, except the engine opened
-in this process where a shard run by hand is needed (closed by its ``with``).
+what the review found wrong (strict xfails until session 9 fixed them). Each runs the real CLI
+on real directories built with the engine (the fixtures of tests/test_restore.py); no server is
+started, except the engine opened in this process where a shard run by hand is needed (closed
+by its ``with``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,7 @@ def _new_checkpoint(tmp_path) -> tuple[str, dict]:
     return ck, new
 
 
-@pytest.mark.xfail(strict=True, reason="restore_journal.undo_shard returns 'old data back' when "
-                   "none of the journal's absolute paths exists (data directory moved): --undo "
-                   "exits 0, removes the journal and leaves shard-0 restored, shard-1 old: a mix "
-                   "that cluster start then serves")
+# Fixed in session 9; was a strict xfail: --undo of a moved data dir said 'undone' over a mix
 def test_undo_of_a_moved_data_directory_never_reports_success_over_a_mix(restored, tmp_path):
     o, old = restored
     ck, new = _new_checkpoint(tmp_path)
@@ -57,10 +55,7 @@ def test_undo_of_a_moved_data_directory_never_reports_success_over_a_mix(restore
         assert os.path.exists(rj.journal_path(moved))  # cluster start still refuses
 
 
-@pytest.mark.xfail(strict=True, reason="_settle (restore_cmd.py) never checks the shards' engine "
-                   "LOCK: --finish renames a data directory another process has open into the "
-                   "backup (its writes then go there), --undo deletes the restored copy it has "
-                   "open (with whatever was written to it); cluster restore itself refuses (6)")
+# Fixed in session 9; was a strict xfail: --finish/--undo ignored a shard's held engine LOCK
 @pytest.mark.parametrize("how,renames", [("finish", 0), ("undo", 4)])
 def test_settling_refuses_while_a_shard_directory_is_open_in_another_process(restored, tmp_path,
                                                                             how, renames):
@@ -76,9 +71,7 @@ def test_settling_refuses_while_a_shard_directory_is_open_in_another_process(res
         assert tree(o.data_dir) == before
 
 
-@pytest.mark.xfail(strict=True, reason="restore_cmd._take_lock makes the data directory and its "
-                   "cluster.lock before any check: a refused restore (or --finish with nothing "
-                   "to finish) creates a data directory that did not exist")
+# Fixed in session 9; was a strict xfail: a refused restore created the data directory
 @pytest.mark.parametrize("argv", [["{missing}"], ["--finish"], ["--undo"]],
                          ids=["missing-checkpoint", "finish", "undo"])
 def test_a_refused_restore_creates_no_data_directory(tmp_path, argv):
@@ -89,9 +82,7 @@ def test_a_refused_restore_creates_no_data_directory(tmp_path, argv):
     assert not os.path.exists(o.data_dir), os.listdir(o.data_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="restore_cmd._check_no_log calls os.path.getsize outside "
-                   "any except: a dangling *.log link in a checkpoint is 'internal error: "
-                   "FileNotFoundError', not one line with a documented exit code")
+# Fixed in session 9; was a strict xfail: a dangling *.log link was an internal error
 def test_a_dangling_log_link_in_the_checkpoint_is_one_line(restored, tmp_path):
     o, old = restored
     ck, new = _new_checkpoint(tmp_path)
@@ -103,9 +94,7 @@ def test_a_dangling_log_link_in_the_checkpoint_is_one_line(restored, tmp_path):
     assert tree(o.data_dir) == before
 
 
-@pytest.mark.xfail(strict=True, reason="restore_cmd._verify turns every SieveError of DB.open on "
-                   "the staged copy into 'checkpoint shard-N cannot be opened': a full data disk "
-                   "(ENOSPC writing the staged copy's log/manifest) is blamed on the checkpoint")
+# Fixed in session 9; was a strict xfail: ENOSPC on the data disk was blamed on the checkpoint
 def test_a_full_data_disk_while_verifying_is_not_blamed_on_the_checkpoint(restored, tmp_path,
                                                                           monkeypatch, capsys):
     # The disk fills once both copies are staged (seen on a 20 MiB tmpfs with ~540 KiB free:
@@ -139,9 +128,7 @@ def test_a_full_data_disk_while_verifying_is_not_blamed_on_the_checkpoint(restor
     assert "checkpoint shard-0 cannot be opened" not in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="check_checkpoint (restore_cmd.py:147) calls the data "
-                   "directory given as CHECKPOINT_DIR 'a checkpoint of another layout' because "
-                   "of its cluster.lock: the line should say it is the data directory")
+# Fixed in session 9; was a strict xfail: the data dir given was called another layout
 def test_the_data_directory_given_as_checkpoint_is_named_as_such(restored):
     o, old = restored
     before = tree(o.data_dir)
@@ -152,11 +139,7 @@ def test_the_data_directory_given_as_checkpoint_is_named_as_such(restored):
 
 
 
-@pytest.mark.xfail(strict=True, reason="a restore holds cluster.lock but leaves no trace of "
-                   "itself: cluster start meanwhile says 'locked by a running cluster (supervisor "
-                   "pid N of the last, stopped run); stop it first with `sievekv cluster stop`', "
-                   "and cluster stop says 'already stopped' (lifecycle._check_not_running, "
-                   "restore_cmd._take_lock)")
+# Fixed in session 9; was a strict xfail: start during a restore named a stale supervisor
 def test_cluster_start_during_a_restore_says_a_restore_runs(restored, tmp_path, monkeypatch,
                                                            capsys):
     from router.cli import restore_cmd
@@ -183,11 +166,7 @@ def test_cluster_start_during_a_restore_says_a_restore_runs(restored, tmp_path, 
     assert "restore" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="restore_journal.finish_shard renames whatever lies at "
-                   "shard-N.restore-tmp into place unchecked, and undo_shard deletes that same "
-                   "path in place (shutil.rmtree): --finish after an --undo killed in its rmtree "
-                   "installs an empty or partial shard, says 'finished', and cluster start then "
-                   "creates an empty shard-0 over it and serves")
+# Fixed in session 9; was a strict xfail: --finish after a killed --undo installed a partial copy
 def test_finish_after_an_undo_killed_while_deleting_never_installs_a_partial_copy(restored,
                                                                                    tmp_path):
     o, old = restored

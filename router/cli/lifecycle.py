@@ -24,6 +24,7 @@ from engine.vfs import FileSystem
 
 from .. import cluster_state as cs
 from .. import launch
+from .. import restore_journal as rj
 from ..config import DEFAULT_CONFIG_NAME, ClusterConfig
 from ..humanize import format_duration
 from ..supervisor import control_request
@@ -73,6 +74,11 @@ def _check_not_running(cfg: ClusterConfig) -> None:
     try:
         FileSystem().lock(path).release()
     except LockedError:
+        restore = rj.running(cfg.data_dir)
+        if restore:
+            raise CliError(f"data directory {cfg.data_dir} is locked by "
+                           f"{rj.running_line(restore)}: wait for it to end, then start the "
+                           f"cluster", CONFLICT) from None
         owner = ""
         try:
             pid = cs.read_state(cfg.data_dir).get("supervisor", {}).get("pid")
@@ -238,7 +244,9 @@ def cmd_stop(args, out=None) -> int:
             _say(args, f"supervisor pid {sup['pid']} did not exit; sending SIGKILL")
             _kill(sup["pid"], sup.get("create_time"), signal.SIGKILL)
     elif not any(was_alive.values()):
-        _say(args, f"the cluster in {data_dir} is already stopped")
+        restore = rj.running(data_dir)
+        busy = f"; {rj.running_line(restore)} is running in it" if restore else ""
+        _say(args, f"the cluster in {data_dir} is already stopped{busy}")
     else:
         _say(args, f"supervisor of {data_dir} is not running; stopping its processes directly")
 

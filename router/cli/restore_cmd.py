@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-from engine import DB, filenames
+from engine import DB, filenames, verify
 from engine.db_copy import IncompleteError, copy_db, describe
 from engine.errors import CorruptionError, LockedError, SieveError, StorageIOError
 from engine.checkpoint import STAGING_SUFFIX as CHECKPOINT_STAGING_SUFFIX
@@ -64,13 +64,28 @@ def cmd_restore(args) -> int:
             raise CliError("--finish and --undo exclude each other", USAGE)
     elif not args.checkpoint:
         raise CliError("missing CHECKPOINT_DIR (or --finish / --undo)", USAGE)
+    base = None if args.finish or args.undo else os.path.abspath(args.checkpoint)
+    plan = None
+    if not os.path.lexists(cfg.data_dir):  # refuse before the lock creates it
+        if base is None:
+            raise CliError(_nothing_to_settle(cfg), USAGE)
+        plan = check_checkpoint(cfg, base, FileSystem())
     lock = _take_lock(cfg)
     try:
-        if args.finish or args.undo:
-            return _settle(cfg, undo=args.undo)
-        return _restore(cfg, os.path.abspath(args.checkpoint), args)
+        rj.mark_running(cfg.data_dir, base)
+        try:
+            if base is None:
+                return _settle(cfg, undo=args.undo)
+            return _restore(cfg, base, args, plan)
+        finally:
+            rj.unmark_running(cfg.data_dir)
     finally:
         lock.release()
+
+
+def _nothing_to_settle(cfg: ClusterConfig) -> str:
+    return (f"{cfg.data_dir} holds no interrupted restore ({rj.journal_path(cfg.data_dir)} "
+            f"does not exist); nothing to do")
 
 
 def _take_lock(cfg: ClusterConfig):
@@ -80,6 +95,11 @@ def _take_lock(cfg: ClusterConfig):
         os.makedirs(cfg.data_dir, exist_ok=True)
         return FileSystem().lock(path)
     except LockedError:
+        other = rj.running(cfg.data_dir)
+        if other:
+            raise CliError(f"data directory {cfg.data_dir} is locked by "
+                           f"{rj.running_line(other)}: wait for it to end; nothing was changed",
+                           CONFLICT) from None
         raise CliError(f"data directory {cfg.data_dir} is locked by a running cluster; stop it "
                        f"first with `sievekv cluster stop`; nothing was changed",
                        CONFLICT) from None
@@ -96,18 +116,16 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
     why = rj.refusal(cfg.data_dir)
     if why:
         raise CliError(why, USAGE)
-    for s in cfg.shards:  # a shard process run by hand, outside the supervisor
-        lock = os.path.join(cs.shard_dir(cfg.data_dir, s.index), filenames.LOCK)
-        if not os.path.exists(lock):
-            continue
-        try:
-            FileSystem().lock(lock).release()
-        except LockedError:
-            raise CliError(f"{s.name}'s data directory is open in another process (its "
-                           f"{lock} is locked): stop it first; nothing was changed",
-                           CONFLICT) from None
-        except OSError:
-            pass  # not ours to judge here: staging or the swap reports real trouble
+    rj.remove_stale_tmp(cfg.data_dir)  # a crash before the journal's rename: nothing swapped
+    for s in cfg.shards:
+        path = cs.shard_dir(cfg.data_dir, s.index)
+        if os.path.islink(path):
+            raise CliError(f"{s.name}'s data directory {path} is a symbolic link (to "
+                           f"{os.readlink(path)}): a restore would put the restored copy on the "
+                           f"data directory's disk and move the link into the backup; replace "
+                           f"the link with a directory (or restore into its target by hand); "
+                           f"nothing was changed", USAGE)
+    _check_not_open(cfg, [(s.name, cs.shard_dir(cfg.data_dir, s.index)) for s in cfg.shards])
     try:
         recorded = _recorded_layout(cfg)
     except preflight.PreflightError as exc:
@@ -117,6 +135,23 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
         raise CliError(f"{cfg.data_dir} was created with slot ranges {have}, this config has "
                        f"{_ranges(cfg)}: restore into a data directory of this layout (or a new "
                        f"one); nothing was changed", USAGE)
+
+
+def _check_not_open(cfg: ClusterConfig, dirs: list[tuple[str, str]]) -> None:
+    """CONFLICT if a shard process run by hand (outside the supervisor) has one of ``dirs``
+    ((shard name, directory)) open: its engine LOCK is held."""
+    for name, path in dirs:
+        lock = os.path.join(path, filenames.LOCK)
+        if not os.path.exists(lock):
+            continue
+        try:
+            FileSystem().lock(lock).release()
+        except LockedError:
+            raise CliError(f"{name}'s data directory is open in another process (its "
+                           f"{lock} is locked): stop it first; nothing was changed",
+                           CONFLICT) from None
+        except OSError:
+            pass  # not ours to judge here: staging or the swap reports real trouble
 
 
 def _recorded_layout(cfg: ClusterConfig) -> dict | None:
@@ -138,6 +173,14 @@ def check_checkpoint(cfg: ClusterConfig, base: str, fs: FileSystem) -> dict:
     """{shard name: DbFiles} of the checkpoint in ``base`` (steps 2 and 3). CliError if not."""
     if not os.path.isdir(base):
         raise CliError(f"{base} is not a directory", USAGE)
+    if _same_dir(base, cfg.data_dir):
+        raise CliError(f"{base} is the cluster's data directory, not a checkpoint (take one "
+                       f"with `sievekv checkpoint DIR`)", USAGE)
+    marks = [n for n in (cs.LOCK_FILE, cs.STATE_FILE, cs.LAYOUT_FILE, rj.JOURNAL_FILE)
+             if os.path.lexists(os.path.join(base, n))]
+    if marks:
+        raise CliError(f"{base} is a cluster's data directory (it holds {marks[0]}), not a "
+                       f"checkpoint (take one with `sievekv checkpoint DIR`)", USAGE)
     want = {s.name: s for s in cfg.shards}
     have = sorted(os.listdir(base))
     for name in have:
@@ -170,6 +213,13 @@ def check_checkpoint(cfg: ClusterConfig, base: str, fs: FileSystem) -> dict:
     return out
 
 
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _check_no_log(name: str, path: str) -> None:
     """A checkpoint holds no log; a data directory (a restore-backup, a copy of a live one)
     does, and its unflushed writes would be dropped: refused (USAGE)."""
@@ -181,7 +231,14 @@ def _check_no_log(name: str, path: str) -> None:
     for n in sorted(names):
         parsed = filenames.parse_file_name(n)
         if parsed and parsed[0] == filenames.FileKind.LOG:
-            size = os.path.getsize(os.path.join(path, n))
+            p = os.path.join(path, n)
+            try:
+                size = os.path.getsize(p)
+            except OSError as exc:
+                dangling = " (a dangling link)" if os.path.islink(p) else ""
+                raise CliError(f"checkpoint {name} cannot be read: {p}{dangling}: "
+                               f"{cs.os_reason(exc)}",
+                               USAGE if cs.unusable_data_dir(exc) else ERROR) from None
             if size:
                 raise CliError(f"{os.path.join(path, n)} is a write-ahead log of {size} bytes: "
                                f"{path} is a data directory, not a checkpoint, and its "
@@ -205,10 +262,11 @@ def _check_slots(cfg: ClusterConfig, spec, files) -> None:
 # restore
 # ---------------------------------------------------------------------------------------------
 
-def _restore(cfg: ClusterConfig, base: str, args) -> int:
+def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> int:
     fs = FileSystem()
     _check_data_dir(cfg)
-    plan = check_checkpoint(cfg, base, fs)
+    if plan is None:
+        plan = check_checkpoint(cfg, base, fs)
     status = StatusLine(getattr(args, "quiet", False), tty_every=0.5, plain_every=5.0)
     entries = []
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -221,8 +279,9 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
     reports = {}
     try:
         for e in entries:  # a crashed restore's staging (no journal: nothing was swapped)
-            if os.path.lexists(e["staged"]):
-                shutil.rmtree(e["staged"])
+            for left in (e["staged"], e["data"] + rj.DISCARD_SUFFIX):
+                if os.path.lexists(left):
+                    shutil.rmtree(left)
         for e in entries:
             e = dict(e, source=os.path.join(base, e["name"]))
             files = plan[e["name"]]
@@ -243,8 +302,10 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
         raise
     status.end_line()
 
-    doc = {"checkpoint": base, "backup": backup,
-           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shards": entries}
+    rel = [dict(e, **{k: rj.relative(cfg.data_dir, e[k]) for k in ("data", "staged", "backup")})
+           for e in entries]
+    doc = {"checkpoint": base, "backup": rj.relative(cfg.data_dir, backup),
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shards": rel}
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a few renames: not cut in between
     try:
         rj.write(cfg.data_dir, doc, fs)
@@ -263,7 +324,7 @@ def _restore(cfg: ClusterConfig, base: str, args) -> int:
                        f"{rj.refusal(cfg.data_dir)}", ERROR) from None
     finally:
         signal.signal(signal.SIGINT, old)
-    rj.remove_empty_backup(doc)
+    rj.remove_empty_backup(cfg.data_dir, doc)
     _record_layout(cfg)
     for e in entries:
         r = reports[e["name"]]
@@ -313,6 +374,10 @@ def _verify(cfg: ClusterConfig, e: dict, status: StatusLine) -> None:
     name = e["name"]
     try:
         db = DB.open(e["staged"], **engine_options(cfg))
+    except StorageIOError as exc:  # writing the staged copy's log or manifest: the data disk
+        raise CliError(f"cannot open the staged copy of {name} in {cfg.data_dir}: {exc} (the "
+                       f"data directory's disk, not the checkpoint); nothing was restored",
+                       ERROR) from None
     except CorruptionError as exc:
         raise CliError(f"checkpoint {name} is damaged: {exc}; nothing was restored",
                        ERROR) from None
@@ -344,8 +409,7 @@ class _ProgressOf:
         self.db = db
 
     def report(self) -> dict | None:
-        p = getattr(self.db, "_verify_progress", None)
-        return p.report() if p is not None else None
+        return verify.running(self.db)
 
 
 class _Shown:
@@ -393,33 +457,65 @@ class _Shown:
 # ---------------------------------------------------------------------------------------------
 
 def _settle(cfg: ClusterConfig, undo: bool) -> int:
+    rj.remove_stale_tmp(cfg.data_dir)  # a crash before the journal's rename: nothing swapped
     try:
         doc = rj.read(cfg.data_dir)
     except rj.JournalError as exc:
         raise CliError(str(exc), ERROR) from None
     if doc is None:
-        raise CliError(f"{cfg.data_dir} holds no interrupted restore "
-                       f"({rj.journal_path(cfg.data_dir)} does not exist); nothing to do", USAGE)
+        raise CliError(_nothing_to_settle(cfg), USAGE)
+    jpath = rj.journal_path(cfg.data_dir)
+    entries = [rj.resolve(cfg.data_dir, e) for e in doc["shards"]]
+    root = os.path.join(os.path.realpath(cfg.data_dir), "")
+    outside = [e["data"] for e in entries
+               if not os.path.join(os.path.realpath(os.path.dirname(e["data"])), "")
+               .startswith(root)]
+    gone = [e["data"] for e in entries if e.get("had_data")
+            and not (os.path.lexists(e["data"]) or os.path.lexists(e["backup"]))]
+    if outside or gone:
+        raise CliError(f"the journal {jpath} names {(outside or gone)[0]}, which "
+                       f"{'is outside' if outside else 'is gone and has no backup in'} "
+                       f"{cfg.data_dir}: the journal's paths are gone (was the data directory "
+                       f"moved?); settle it by hand; nothing was changed", ERROR)
+    _check_not_open(cfg, [(e["name"], p) for e in entries
+                          for p in (e["data"], e["staged"], e["backup"])])
     fs = FileSystem()
+    if not undo:
+        if doc.get("undo_started"):
+            raise CliError(f"a `sievekv cluster restore --undo` of this restore began at "
+                           f"{doc['undo_started']}: run `sievekv cluster restore --undo` again "
+                           f"to complete it (journal {jpath} kept)", USAGE)
+        for e in entries:  # before any rename: a copy that is not complete is never installed
+            try:
+                rj.check_staged(e, fs)
+            except rj.JournalError as exc:
+                raise CliError(f"{exc} (journal {jpath} kept)", ERROR) from None
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        for e in doc["shards"]:
+        if undo and not doc.get("undo_started"):
+            doc = dict(doc, undo_started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            rj.write(cfg.data_dir, doc, fs)  # from here on --finish refuses
+        for e in entries:
             try:
                 how = rj.undo_shard(e, fs) if undo else rj.finish_shard(e, fs)
             except rj.JournalError as exc:
-                raise CliError(f"{exc} (journal {rj.journal_path(cfg.data_dir)} kept)",
-                               ERROR) from None
+                raise CliError(f"{exc} (journal {jpath} kept)", ERROR) from None
             print(f"{e['name']:<10} {how}", flush=True)
         rj.remove(cfg.data_dir, fs)
+    except OSError as exc:  # StorageIOError too: a rename, a deletion, the journal's rewrite
+        raise CliError(f"cannot {'undo' if undo else 'finish'} the restore in {cfg.data_dir}: "
+                       f"{exc}; run it again once that is fixed (journal {jpath} kept)",
+                       ERROR) from None
     finally:
         signal.signal(signal.SIGINT, old)
-    rj.remove_empty_backup(doc)
+    rj.remove_empty_backup(cfg.data_dir, doc)
     if undo:
         print(f"the restore from {doc['checkpoint']} is undone: {cfg.data_dir} holds the data "
               f"it held before", flush=True)
     else:
         _record_layout(cfg)
-        kept = doc["backup"] if os.path.isdir(doc["backup"]) else "(there was none)"
+        backup = os.path.join(cfg.data_dir, doc["backup"])
+        kept = backup if os.path.isdir(backup) else "(there was none)"
         print(f"the restore from {doc['checkpoint']} is finished; old data in {kept}; next: "
               f"sievekv cluster start{_config_hint(cfg)}", flush=True)
     return OK

@@ -20,6 +20,7 @@ import grpc
 
 from .. import cluster_state as cs
 from .. import health_probe
+from .. import restore_journal as rj
 from ..config import split_address
 from ..humanize import format_bytes, format_count, format_duration
 from . import rpc, target
@@ -124,6 +125,7 @@ def collect(doc: dict) -> dict:
                            "started_at") else None,
                        "log": sup.get("log")},
         "processes": rows,
+        "restore": rj.running(doc["data_dir"]) if doc.get("data_dir") else None,
         "totals": {k: (sum(r[k] for r in rows if r[k] is not None)
                        if any(r[k] is not None for r in rows) else None)
                    for k in ("keys", "disk_bytes", "filter_resident_bytes")},
@@ -150,6 +152,8 @@ def render_text(st: dict) -> str:
                               if sup["alive"] else "not running"))
     if st.get("error"):
         head += f"\nlast error: {st['error']}"
+    if st.get("restore"):
+        head += f"\n{rj.running_line(st['restore'])} holds the data directory"
     rows = []
     for r in st["processes"]:
         status = r["status"] if r["alive"] or r["status"] in _NOT_RUNNING else "dead"
