@@ -159,18 +159,22 @@ def test_a_scan_past_the_routers_default_deadline_says_so(big_cluster, module_pr
     own_map = str(tmp_path / "cluster.toml")
     shutil.copy(map_path, own_map)
     router = start_router_process(module_procs, own_map, name="router-1s",
-                                  extra=("--default-timeout", "1", "--admin-timeout", "2"))
+                                  extra=("--default-timeout", "1", "--admin-timeout", "4"))
     try:
         with grpc.insecure_channel(router.address, options=NO_BDP) as ch:
+            # Connect the router to every shard first (a Get with a generous deadline per
+            # shard's key is not needed: ClusterInfo probes them all), so that on a busy
+            # machine the scan's 4 s are not spent connecting (seen in CI at load 14).
+            pbg.AdminStub(ch).ClusterInfo(pb.ClusterInfoRequest(), timeout=60)
             stream = pbg.KVStub(ch).Scan(pb.ScanRequest())  # no deadline
             received = len(next(stream).keys)
-            time.sleep(3)  # a slow consumer
+            time.sleep(5)  # a slow consumer
             with pytest.raises(grpc.RpcError) as info:
                 for batch in stream:
                     received += len(batch.keys)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert received < SCAN_KEYS
-        # A scan outlives --default-timeout (1 s here), not --admin-timeout (2 s), and says so.
+        # A scan outlives --default-timeout (1 s here), not --admin-timeout (4 s), and says so.
         assert "--admin-timeout" in info.value.details(), info.value.details()
         assert "shard" not in info.value.details(), info.value.details()
     finally:
