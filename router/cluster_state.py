@@ -116,18 +116,25 @@ def write_state(data_dir: str, doc: dict, fs: FileSystem | None = None) -> None:
     doc["version"] = STATE_VERSION
     doc["updated_at"] = time.time()
     path = state_path(data_dir)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    f = fs.open_writable(tmp)
+    replace_file(fs, data_dir, path, f"{path}.tmp.{os.getpid()}",
+                 json.dumps(doc, indent=1, sort_keys=True).encode())
+
+
+def replace_file(fs: FileSystem, data_dir: str, path: str, tmp: str, data: bytes) -> None:
+    """Atomically make ``data`` the contents of ``path`` in ``data_dir``: written to ``tmp``,
+    synced, renamed over ``path``, directory synced. A failed write or rename removes ``tmp``
+    (a full disk leaves nothing behind) and raises."""
     try:
+        f = fs.open_writable(tmp)
         try:
-            f.append(json.dumps(doc, indent=1, sort_keys=True).encode())
+            f.append(data)
             f.sync()
         finally:
             f.close()
         fs.rename(tmp, path)
     except BaseException:
         try:
-            fs.remove(tmp)  # not left behind by a write or rename that failed
+            fs.remove(tmp)
         except OSError:
             pass
         raise

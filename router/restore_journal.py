@@ -106,23 +106,8 @@ def write(data_dir: str, doc: dict, fs: FileSystem | None = None) -> None:
     """Create the journal (temporary file, fsync, rename, directory fsync)."""
     fs = fs or default_fs()
     doc = dict(doc, version=JOURNAL_VERSION)
-    path = journal_path(data_dir)
-    tmp = tmp_path(data_dir)
-    try:
-        f = fs.open_writable(tmp)
-        try:
-            f.append(json.dumps(doc, indent=1).encode())
-            f.sync()
-        finally:
-            f.close()
-        fs.rename(tmp, path)
-    except BaseException:
-        try:
-            fs.remove(tmp)  # a full disk must not leave a half-written file behind
-        except OSError:
-            pass
-        raise
-    fs.sync_dir(data_dir)
+    cs.replace_file(fs, data_dir, journal_path(data_dir), tmp_path(data_dir),
+                    json.dumps(doc, indent=1).encode())
 
 
 def remove(data_dir: str, fs: FileSystem | None = None) -> None:

@@ -471,11 +471,12 @@ def test_ctrl_c_while_staging_restores_nothing_and_leaves_no_staging(restored, t
     assert content(o.data_dir, 2) == old
 
 
-def test_a_failure_between_the_swaps_keeps_the_journal_and_finish_completes(restored, tmp_path,
-                                                                             monkeypatch, capsys):
+def _restore_failing_at_the_second_swap(o, tmp_path, monkeypatch, *args):
+    """Run a restore of a new 500-key checkpoint into ``o`` whose swap of shard-1 fails with an
+    injected EIO; return the new model and the checkpoint. The injection is undone before
+    returning."""
     from router.cli import restore_cmd
 
-    o, old = restored
     new = model_of(500, "new", seed=1)
     ck = str(tmp_path / "new")
     make_checkpoint(ck, even_slot_ranges(2), new, str(tmp_path))
@@ -487,12 +488,19 @@ def test_a_failure_between_the_swaps_keeps_the_journal_and_finish_completes(rest
         return real(entry, fs)
 
     monkeypatch.setattr(restore_cmd.rj, "finish_shard", failing)
-    assert app.main(["cluster", "restore", ck, "--config", o.conf]) == 1
+    assert app.main(["cluster", "restore", ck, *args, "--config", o.conf]) == 1
+    monkeypatch.setattr(restore_cmd.rj, "finish_shard", real)
+    return new, ck
+
+
+def test_a_failure_between_the_swaps_keeps_the_journal_and_finish_completes(restored, tmp_path,
+                                                                             monkeypatch, capsys):
+    o, old = restored
+    new, ck = _restore_failing_at_the_second_swap(o, tmp_path, monkeypatch)
     err = capsys.readouterr().err
     assert one_error_line(err) and "restore stopped while swapping directories" in err
     assert "`sievekv cluster restore --finish`" in err
     assert os.path.exists(rj.journal_path(o.data_dir))
-    monkeypatch.setattr(restore_cmd.rj, "finish_shard", real)
     assert app.main(["cluster", "restore", ck, "--config", o.conf]) == 2  # journal: refused
     assert "interrupted restore" in capsys.readouterr().err
     assert app.main(["cluster", "restore", "--finish", "--config", o.conf]) == 0
@@ -559,22 +567,8 @@ def test_finish_refuses_once_an_undo_began_and_a_staged_copy_that_is_not_complet
 
 def test_a_moved_data_directory_is_settled_in_its_new_place(restored, tmp_path, monkeypatch,
                                                             capsys):
-    from router.cli import restore_cmd
-
     o, old = restored
-    new = model_of(500, "new", seed=1)
-    ck = str(tmp_path / "new")
-    make_checkpoint(ck, even_slot_ranges(2), new, str(tmp_path))
-    real = rj.finish_shard
-
-    def failing(entry, fs=None):
-        if entry["name"] == "shard-1":
-            raise OSError(5, "Input/output error (injected)")
-        return real(entry, fs)
-
-    monkeypatch.setattr(restore_cmd.rj, "finish_shard", failing)
-    assert app.main(["cluster", "restore", ck, "--quiet", "--config", o.conf]) == 1
-    monkeypatch.setattr(restore_cmd.rj, "finish_shard", real)
+    new, _ = _restore_failing_at_the_second_swap(o, tmp_path, monkeypatch, "--quiet")
     capsys.readouterr()
     doc = rj.read(o.data_dir)
     assert not any(os.path.isabs(e[k]) for e in doc["shards"] for k in ("data", "staged"))
