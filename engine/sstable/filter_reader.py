@@ -32,6 +32,7 @@ import mmap
 import operator
 import struct
 import threading
+import weakref
 from bisect import bisect_left
 
 from ..checksum import masked_crc
@@ -99,6 +100,11 @@ UNCHECKED = 2
 partition, an unknown policy, a mapping the OS refused. Counted as a ``filter_error``, not a
 positive, so a caller counting true positives must not count this probe (``is True``)."""
 
+
+def _no_owner() -> None:
+    return None
+
+
 class PartitionedFilter:
     """The filter of one table. See the module docstring for states, costs and threading."""
 
@@ -113,7 +119,11 @@ class PartitionedFilter:
         self.index_bytes = len(index.data)
         self.policy = policy
         self._match = policy.may_match if policy is not None else None
-        self._owner = owner
+        # Weak: the owner (a Table) holds this filter, and a strong reference back made every
+        # closed table cyclic garbage, kept until a full collection (hours apart in a server:
+        # bench/results/soak.md, "Session 9"). A probe runs inside an owner's method, so the
+        # owner is alive whenever _probe_slow reports a fault.
+        self._owner = weakref.ref(owner) if owner is not None else _no_owner
         self._residency = residency
         self.ref = bytearray(n)  # CLOCK reference bits, set on every probe
         self._state = bytearray(n)
@@ -201,7 +211,7 @@ class PartitionedFilter:
             self.filter_errors += 1
             return UNCHECKED
         if faulted and self._residency is not None:
-            self._residency.on_fault(self._owner, p, self.partition_bytes(p))
+            self._residency.on_fault(self._owner(), p, self.partition_bytes(p))
         if self._match(self._views[p], key):
             self.positives += 1
             return True
