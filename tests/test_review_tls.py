@@ -30,7 +30,7 @@ from router.cluster_map import ClusterMap
 from router.client import Client
 from shard import tls
 from tests.conftest import REPO, start_shard_process
-from tests.test_tls import pki, sievekv  # noqa: F401 (pki is a fixture)
+from tests.test_tls import cluster_conf, pki, sievekv, stop_cluster  # noqa: F401 (pki: fixture)
 from tests.tls_certs import Pki, make_ca
 
 ONE_LINE_ERROR = "sievekv: error: "
@@ -125,27 +125,6 @@ def _run_to_exit(argv: list[str], cwd: str, timeout: float = 60) -> subprocess.C
 
 # -- local clusters -------------------------------------------------------------------------
 
-def _cluster_conf(tmp_path, start_timeout: float = 30.0, router_host: str = "127.0.0.1",
-                  **tls_keys) -> str:
-    conf = tmp_path / "cluster.toml"
-    conf.write_text("\n".join([
-        "[cluster]", 'data_dir = "data"', "[router]", f'listen = "{router_host}:0"',
-        "[shards]", "count = 1", "base_port = 0", "[supervisor]",
-        f"start_timeout = {start_timeout}", "stop_timeout = 10.0", "[tls]",
-        *[f'{k} = "{v}"' for k, v in tls_keys.items()], ""]))
-    return str(conf)
-
-
-def _stop_cluster(tmp_path, conf: str) -> None:
-    """`cluster stop`, then SIGKILL whatever the state file still records alive."""
-    sievekv(tmp_path, "cluster", "stop", "--config", conf, "--timeout", "5")
-    try:
-        doc = cs.read_state(str(tmp_path / "data"))
-    except cs.StateError:
-        return
-    for _, pid, ct in cs.recorded_pids(doc):
-        if cs.pid_alive(pid, ct):
-            os.kill(pid, signal.SIGKILL)
 
 
 # -- the tests ------------------------------------------------------------------------------
@@ -167,11 +146,12 @@ def test_empty_pem_file_is_one_line_naming_it(pki: Pki, tmp_path, where):
     elif where == "cli-ca":
         r = sievekv(tmp_path, "get", "k", "--router", "127.0.0.1:1", "--tls-ca", str(empty))
     else:
-        conf = _cluster_conf(tmp_path, cert=pki.server_cert, key=pki.server_key, ca=str(empty))
+        conf = cluster_conf(tmp_path, shards=1, cert=pki.server_cert, key=pki.server_key,
+                            ca=str(empty))
         try:
             r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
         finally:
-            _stop_cluster(tmp_path, conf)
+            stop_cluster(tmp_path, conf)
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and str(empty) in lines[0], r.stderr
@@ -214,7 +194,7 @@ def test_cli_certificate_without_subject_alt_name_is_one_line_exit_3(procs, odd,
 def test_cluster_status_of_a_tls_cluster_with_sievekv_router_set(pki: Pki, tmp_path):
     """Found in review: $SIEVEKV_ROUTER turned the local [tls] off, also for `cluster status`
     (every process UNREACHABLE, exit 4); fixed in fb3b800."""
-    conf = _cluster_conf(tmp_path, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
+    conf = cluster_conf(tmp_path, shards=1, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
                          client_ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
@@ -226,17 +206,17 @@ def test_cluster_status_of_a_tls_cluster_with_sievekv_router_set(pki: Pki, tmp_p
         assert set(health.values()) == {"SERVING"}, health
         assert r.returncode == 0, r.stderr
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
 
 
 # Fixed in session 9; was a strict xfail: hint did not name clientAuth.
 def test_cluster_start_names_client_auth_when_cert_is_server_only(pki: Pki, tmp_path):
-    conf = _cluster_conf(tmp_path, start_timeout=5.0, cert=pki.server_cert,
+    conf = cluster_conf(tmp_path, shards=1, start_timeout=5.0, cert=pki.server_cert,
                          key=pki.server_key, ca=pki.ca, client_ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
     assert r.returncode != 0, r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(ONE_LINE_ERROR), r.stderr
@@ -245,19 +225,19 @@ def test_cluster_start_names_client_auth_when_cert_is_server_only(pki: Pki, tmp_
 
 # Fixed in session 9; was a strict xfail: --tls-ca ignored, exit 0.
 def test_cluster_start_does_not_ignore_tls_options(tmp_path):
-    conf = _cluster_conf(tmp_path)  # [tls] empty: plaintext
+    conf = cluster_conf(tmp_path, shards=1)  # [tls] empty: plaintext
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q",
                     "--tls-ca", str(tmp_path / "missing-ca.pem"))
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "missing-ca.pem" in r.stderr or "[tls]" in r.stderr, r.stderr
 
 
 # Fixed in session 9; was a strict xfail: 0.0.0.0 dialled and verified as is.
 def test_local_tls_cluster_with_router_on_the_wildcard_address(pki: Pki, tmp_path):
-    conf = _cluster_conf(tmp_path, start_timeout=10.0, router_host="0.0.0.0",
+    conf = cluster_conf(tmp_path, shards=1, start_timeout=10.0, router_host="0.0.0.0",
                          cert=pki.node_cert, key=pki.node_key, ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
@@ -265,12 +245,12 @@ def test_local_tls_cluster_with_router_on_the_wildcard_address(pki: Pki, tmp_pat
         r = sievekv(tmp_path, "put", "a", "1", env={"SIEVEKV_CONFIG": conf})
         assert r.returncode == 0, r.stderr
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
 
 
 # Fixed in session 9; was a strict xfail: CLI's GRPC_VERBOSITY reached servers.
 def test_local_cluster_logs_refused_handshakes(pki: Pki, tmp_path):
-    conf = _cluster_conf(tmp_path, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
+    conf = cluster_conf(tmp_path, shards=1, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
                          client_ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
@@ -284,7 +264,7 @@ def test_local_cluster_logs_refused_handshakes(pki: Pki, tmp_path):
         with open(shard["log"], encoding="utf-8", errors="replace") as f:
             assert "Handshake failed" in f.read()
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
 
 
 # Fixed in session 9; was a strict xfail: no '(TLS)' with --processes > 1.

@@ -446,17 +446,20 @@ def test_router_refuses_bad_tls_files_at_startup(pki, tmp_path, processes):
 
 # -- the local cluster ([tls] of the config) ------------------------------------------------
 
-def _cluster_conf(tmp_path, p: Pki, **tls_keys) -> str:
+def cluster_conf(tmp_path, *, shards: int = 2, start_timeout: float = 30.0,
+                 router_host: str = "127.0.0.1", **tls_keys) -> str:
+    """A local cluster config in ``tmp_path`` (port 0 everywhere) with ``[tls]`` = tls_keys."""
     conf = tmp_path / "cluster.toml"
-    lines = [f'{k} = "{v}"' for k, v in tls_keys.items()]
     conf.write_text("\n".join([
-        "[cluster]", 'data_dir = "data"', "[router]", 'listen = "127.0.0.1:0"',
-        "[shards]", "count = 2", "base_port = 0", "[supervisor]", "start_timeout = 30.0",
-        "stop_timeout = 10.0", "[tls]", *lines, ""]))
+        "[cluster]", 'data_dir = "data"', "[router]", f'listen = "{router_host}:0"',
+        "[shards]", f"count = {shards}", "base_port = 0", "[supervisor]",
+        f"start_timeout = {start_timeout}", "stop_timeout = 10.0", "[tls]",
+        *[f'{k} = "{v}"' for k, v in tls_keys.items()], ""]))
     return str(conf)
 
 
-def _stop_cluster(tmp_path, conf: str) -> None:
+def stop_cluster(tmp_path, conf: str) -> None:
+    """`cluster stop`, then SIGKILL whatever the state file still records alive."""
     sievekv(tmp_path, "cluster", "stop", "--config", conf, "--timeout", "5")
     try:
         doc = cs.read_state(str(tmp_path / "data"))
@@ -472,7 +475,7 @@ def test_local_cluster_with_mutual_tls(pki, tmp_path):
     with the client certificate, and the CLI's calls use the recorded [tls] by themselves."""
     # cert is also the client certificate of the router, the supervisor and the CLI: it
     # must allow clientAuth as well as serverAuth
-    conf = _cluster_conf(tmp_path, pki, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
+    conf = cluster_conf(tmp_path, cert=pki.node_cert, key=pki.node_key, ca=pki.ca,
                          client_ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
@@ -499,21 +502,21 @@ def test_local_cluster_with_mutual_tls(pki, tmp_path):
         r = sievekv(tmp_path, "cluster", "status", "--json", env=env)
         assert {row["health"] for row in json.loads(r.stdout)["processes"]} == {"SERVING"}
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
 
 
 def test_local_cluster_refuses_unusable_tls_files(pki, tmp_path):
-    conf = _cluster_conf(tmp_path, pki, cert=pki.server_cert, key=pki.client_key, ca=pki.ca)
+    conf = cluster_conf(tmp_path, cert=pki.server_cert, key=pki.client_key, ca=pki.ca)
     try:
         r = sievekv(tmp_path, "cluster", "start", "--config", conf, "-q")
         assert r.returncode == 2, (r.returncode, r.stderr)
         assert r.stderr.count("\n") == 1 and "does not match" in r.stderr, r.stderr
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
 
 
 def test_local_cluster_whose_certificate_the_ca_did_not_sign_names_tls(pki, tmp_path):
-    conf = _cluster_conf(tmp_path, pki, cert=pki.other_server_cert, key=pki.other_server_key,
+    conf = cluster_conf(tmp_path, cert=pki.other_server_cert, key=pki.other_server_key,
                          ca=pki.ca)
     text = open(conf).read().replace("start_timeout = 30.0", "start_timeout = 3.0")
     open(conf, "w").write(text)
@@ -523,4 +526,4 @@ def test_local_cluster_whose_certificate_the_ca_did_not_sign_names_tls(pki, tmp_
         assert "not SERVING within 3s (TLS on: is its certificate signed by [tls] ca" in r.stderr, \
             r.stderr
     finally:
-        _stop_cluster(tmp_path, conf)
+        stop_cluster(tmp_path, conf)
