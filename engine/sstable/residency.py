@@ -97,9 +97,11 @@ def mapping_resident_bytes(address: int, length: int) -> int | None:
 def resident_bytes(targets: Iterable[Hashable]) -> dict:
     """Map each target to the Rss, in bytes, that it names in this process (one smaps pass).
 
-    A target is an ``int`` (a mapping's start address: that mapping's Rss, 0 if no mapping
-    starts there) or a ``str`` path (the sum over all mappings of that file, matched after
-    :func:`canonical_path`).
+    A target is an ``int`` (a mapping's start address: that mapping's Rss; 0 if no mapping
+    covers that address; None if the address lies inside a larger mapping, as when Linux merged
+    two contiguous mappings of one file into one VMA: smaps cannot split its Rss, while
+    :func:`mapping_resident_bytes` can) or a ``str`` path (the sum over all mappings of that
+    file, matched after :func:`canonical_path`).
     """
     targets = list(targets)
     by_addr = {t: t for t in targets if isinstance(t, int)}
@@ -111,6 +113,7 @@ def resident_bytes(targets: Iterable[Hashable]) -> dict:
     except OSError:
         return {t: None for t in targets}
     current = ()
+    spans = []  # (start, end) of every mapping, to tell "inside one" from "not mapped"
     for line in text.split(b"\n"):
         if not line:
             continue
@@ -118,7 +121,10 @@ def resident_bytes(targets: Iterable[Hashable]) -> dict:
             parts = line.split(None, 5)
             current = ()
             if by_addr:
-                addr = by_addr.get(int(parts[0].split(b"-", 1)[0], 16))
+                lo, hi = parts[0].split(b"-", 1)
+                start = int(lo, 16)
+                spans.append((start, int(hi, 16)))
+                addr = by_addr.get(start)
                 if addr is not None:
                     current = (addr,)
             if by_path and len(parts) == 6:
@@ -133,4 +139,9 @@ def resident_bytes(targets: Iterable[Hashable]) -> dict:
             for key in current:
                 totals[key] += rss
             current = ()
+    if by_addr:
+        starts = {start for start, _ in spans}
+        for addr in by_addr:
+            if addr not in starts and any(start < addr < end for start, end in spans):
+                totals[addr] = None
     return totals
