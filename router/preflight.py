@@ -8,7 +8,8 @@
 * :func:`check_layout` refuses a config whose shard slot ranges differ from those the data
   directory was created with: keys would be looked up on the wrong shard.
 * :func:`check_no_restore` refuses a data directory that holds an interrupted ``cluster
-  restore`` (router/restore_journal.py): it may hold some shards restored and others not.
+  restore`` or ``cluster reshard`` (router/restore_journal.py): it may hold some shards
+  restored (resharded) and others not.
 
 Each function returns or raises plain values; no process is started.
 """
@@ -97,7 +98,8 @@ def check_ports(cfg: ClusterConfig) -> None:
 
 
 def check_no_restore(cfg: ClusterConfig) -> None:
-    """Raise PreflightError ("config") while the data directory holds a restore journal."""
+    """Raise PreflightError ("config") while the data directory holds a restore (or reshard)
+    journal."""
     why = restore_journal.refusal(cfg.data_dir)
     if why:
         raise PreflightError(why, "config")
@@ -140,7 +142,8 @@ def check_layout(cfg: ClusterConfig) -> None:
         raise PreflightError(
             f"{cfg.data_dir} holds a cluster of {n_have} shards with slot ranges "
             f"{_ranges(have)}; this config has {len(cfg.shards)} shards with {_ranges(want)} "
-            f"(keys would be looked up on the wrong shard; use another data_dir)", "config")
+            f"(keys would be looked up on the wrong shard; move the keys to this layout with "
+            f"`sievekv cluster reshard`, or use another data_dir)", "config")
 
 
 def _ranges(layout: dict) -> str:

@@ -23,10 +23,19 @@ keeps as they are.
 
 Schema (version 1)::
 
-    {"version": 1, "checkpoint": abs path, "backup": path, "started_at": ISO-8601 UTC,
+    {"version": 1, "operation": "restore" | "reshard" (absent: "restore", older builds),
+     "checkpoint": abs path (restore only), "backup": path, "started_at": ISO-8601 UTC,
      "undo_started": ISO-8601 UTC (only once --undo began),
+     "old_layout", "new_layout": cluster-layout.json documents (reshard only),
      "shards": [{"name": "shard-0", "data": path, "staged": path, "backup": path,
-                 "had_data": bool}, ...]}
+                 "had_data": bool, "removed": bool (reshard: no staged copy, the old data
+                 only moves to the backup)}, ...]}
+
+``sievekv cluster reshard`` (router/cli/reshard_cmd.py) uses the same journal with
+``"operation": "reshard"``: its staged copies are ``shard-N.reshard-tmp``, its backups
+``reshard-backup-<UTC>/``, a shard the new layout drops is a ``removed`` entry, and settling it
+also writes ``new_layout`` (finish) or ``old_layout`` (undo) to ``cluster-layout.json`` before
+the journal is removed (:func:`write_layout`).
 
 While a restore runs it also leaves ``<data_dir>/restore-running.json`` (its pid, see
 :func:`mark_running`), so that ``cluster start`` / ``stop`` / ``status`` can say a restore holds
@@ -54,6 +63,14 @@ STAGING_SUFFIX = ".restore-tmp"
 DISCARD_SUFFIX = ".restore-discard"  # a copy --undo renamed out of the way and deletes
 RUNNING_FILE = "restore-running.json"
 BACKUP_PREFIX = "restore-backup-"
+RESHARD = "reshard"
+RESHARD_STAGING_SUFFIX = ".reshard-tmp"
+RESHARD_BACKUP_PREFIX = "reshard-backup-"
+
+
+def operation(doc: dict) -> str:
+    """"restore" or "reshard": what wrote the journal (or the running file) ``doc``."""
+    return doc.get("operation") or "restore"
 
 
 class JournalError(Exception):
@@ -126,6 +143,10 @@ def refusal(data_dir: str) -> str | None:
         doc = read(data_dir) or {}
     except JournalError:
         doc = {}
+    if operation(doc) == RESHARD:
+        return (f"{data_dir} holds an interrupted reshard ({path}): some shards may be "
+                f"resharded and others not; finish it with `sievekv cluster reshard --finish` "
+                f"or put the old data and layout back with `sievekv cluster reshard --undo`")
     what = f" from {doc['checkpoint']}" if doc.get("checkpoint") else ""
     return (f"{data_dir} holds an interrupted restore{what} ({path}): some shards may be "
             f"restored and others not; finish it with `sievekv cluster restore --finish` or put "
@@ -157,6 +178,8 @@ def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
     (:func:`check_staged`) before anything is renamed."""
     fs = fs or default_fs()
     data, staged, backup = entry["data"], entry["staged"], entry["backup"]
+    if entry.get("removed"):
+        return _retire(fs, entry)
     check_staged(entry, fs)
     if not os.path.lexists(staged):
         if not os.path.lexists(data):
@@ -167,17 +190,53 @@ def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
         if os.path.lexists(backup):
             raise JournalError(f"{entry['name']}: {data}, {staged} and {backup} all exist; "
                                f"settle this shard by hand")
-        parent = os.path.dirname(backup)
-        if not os.path.isdir(parent):
-            os.makedirs(parent, exist_ok=True)
-            _sync_parent(fs, parent)  # the new backup directory's entry
-        fs.rename(data, backup)
-        _sync_parent(fs, backup)
-        if os.path.dirname(data) != parent:
-            _sync_parent(fs, data)  # the source directory of a cross-directory rename
+        _to_backup(fs, data, backup)
     fs.rename(staged, data)
     _sync_parent(fs, data)
     return "swapped"
+
+
+def _to_backup(fs: FileSystem, data: str, backup: str) -> None:
+    parent = os.path.dirname(backup)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+        _sync_parent(fs, parent)  # the new backup directory's entry
+    fs.rename(data, backup)
+    _sync_parent(fs, backup)
+    if os.path.dirname(data) != parent:
+        _sync_parent(fs, data)  # the source directory of a cross-directory rename
+
+
+def _retire(fs: FileSystem, entry: dict) -> str:
+    """finish_shard of a ``removed`` entry (reshard): its data only moves to the backup."""
+    data, backup = entry["data"], entry["backup"]
+    if os.path.lexists(data):
+        if os.path.lexists(backup):
+            raise JournalError(f"{entry['name']}: both {data} and {backup} exist; settle this "
+                               f"shard by hand")
+        _to_backup(fs, data, backup)
+        return "removed"
+    if not os.path.lexists(backup):
+        raise JournalError(f"{entry['name']}: neither {data} nor {backup} exists; settle this "
+                           f"shard by hand")
+    return "done already"
+
+
+def _unretire(fs: FileSystem, entry: dict) -> str:
+    """undo_shard of a ``removed`` entry: its data comes back from the backup."""
+    data, backup = entry["data"], entry["backup"]
+    if os.path.lexists(backup):
+        if os.path.lexists(data):
+            raise JournalError(f"{entry['name']}: both {data} and {backup} exist; settle this "
+                               f"shard by hand")
+        fs.rename(backup, data)
+        _sync_parent(fs, data)
+        _sync_parent(fs, backup)
+        return "old data back"
+    if not os.path.lexists(data):
+        raise JournalError(f"{entry['name']}: neither {data} nor {backup} exists; settle this "
+                           f"shard by hand")
+    return "not moved"
 
 
 def undo_shard(entry: dict, fs: FileSystem | None = None) -> str:
@@ -187,6 +246,8 @@ def undo_shard(entry: dict, fs: FileSystem | None = None) -> str:
     under a name that ``--finish`` would install."""
     fs = fs or default_fs()
     data, staged, backup = entry["data"], entry["staged"], entry["backup"]
+    if entry.get("removed"):
+        return _unretire(fs, entry)
     discard = data + DISCARD_SUFFIX
     if not any(os.path.lexists(p) for p in (data, staged, backup, discard)):
         if entry.get("had_data"):
@@ -227,14 +288,21 @@ def _drop(fs: FileSystem, discard: str) -> None:
         _sync_parent(fs, discard)
 
 
-def mark_running(data_dir: str, checkpoint: str | None) -> None:
-    """Record this process as the restore holding ``data_dir``'s cluster lock (best effort:
-    the file only improves messages). REQUIRES: the cluster lock held."""
+def write_layout(data_dir: str, layout: dict, fs: FileSystem | None = None) -> None:
+    """Atomically make ``layout`` the data directory's ``cluster-layout.json`` (reshard)."""
+    fs = fs or default_fs()
+    path = os.path.join(data_dir, cs.LAYOUT_FILE)
+    cs.replace_file(fs, data_dir, path, path + ".tmp", json.dumps(layout).encode())
+
+
+def mark_running(data_dir: str, checkpoint: str | None, op: str = "restore") -> None:
+    """Record this process as the restore (or reshard: ``op``) holding ``data_dir``'s cluster
+    lock (best effort: the file only improves messages). REQUIRES: the cluster lock held."""
     try:
         ct = psutil.Process().create_time()
     except psutil.Error:
         ct = None
-    doc = {"pid": os.getpid(), "create_time": ct, "checkpoint": checkpoint,
+    doc = {"pid": os.getpid(), "create_time": ct, "checkpoint": checkpoint, "operation": op,
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         with open(os.path.join(data_dir, RUNNING_FILE), "w", encoding="utf-8") as f:
@@ -264,9 +332,9 @@ def running(data_dir: str) -> dict | None:
 
 
 def running_line(doc: dict) -> str:
-    """"a `sievekv cluster restore` (pid N, from CK)" for messages."""
+    """"a `sievekv cluster restore` (pid N, from CK)" for messages (or ``cluster reshard``)."""
     what = f", from {doc['checkpoint']}" if doc.get("checkpoint") else ""
-    return f"a `sievekv cluster restore` (pid {doc.get('pid')}{what})"
+    return f"a `sievekv cluster {operation(doc)}` (pid {doc.get('pid')}{what})"
 
 
 def remove_empty_backup(data_dir: str, doc: dict) -> None:

@@ -138,6 +138,13 @@ def _cmd_restore(args) -> int:
     return cmd_restore(args)
 
 
+def _cmd_reshard(args) -> int:
+    """``cluster reshard``, imported on use: it loads the engine."""
+    from .reshard_cmd import cmd_reshard
+
+    return cmd_reshard(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import (bench_cmd, checkpoint_cmd, data_cmds, lifecycle, report_cmds, status,
                    verify_cmd)
@@ -163,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run a local cluster: a supervisor process owns the shard "
                                     "and router processes and restarts a shard that dies.")
     csub = cl.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
-    cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status, restart or "
-                                            "restore"))
+    cl.set_defaults(func=lambda a: cl.error("missing ACTION: start, stop, status, restart, "
+                                            "restore or reshard"))
     p = command(csub, "start", lifecycle.cmd_start,
                 "start the shards and the router in the background; print the router address",
                 tls=False)
@@ -197,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--undo", action="store_true",
                    help="undo a restore that was interrupted while swapping directories: put "
                         "the old data back")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p = command(csub, "reshard", _cmd_reshard,
+                "move the stopped cluster's keys to the slot layout of this config (more, fewer "
+                "or other shards): rewrites every shard whose slots change, moves their old "
+                "data to DATA_DIR/reshard-backup-<time>/ and records the new layout",
+                tls=False)
+    p.add_argument("--finish", action="store_true",
+                   help="finish a reshard that was interrupted while swapping directories")
+    p.add_argument("--undo", action="store_true",
+                   help="undo a reshard that was interrupted while swapping directories: put "
+                        "the old data and layout back")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- data ----------------------------------------------------------------------------

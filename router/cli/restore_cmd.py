@@ -83,8 +83,8 @@ def cmd_restore(args) -> int:
         lock.release()
 
 
-def _nothing_to_settle(cfg: ClusterConfig) -> str:
-    return (f"{cfg.data_dir} holds no interrupted restore ({rj.journal_path(cfg.data_dir)} "
+def _nothing_to_settle(cfg: ClusterConfig, op: str = "restore") -> str:
+    return (f"{cfg.data_dir} holds no interrupted {op} ({rj.journal_path(cfg.data_dir)} "
             f"does not exist); nothing to do")
 
 
@@ -163,6 +163,10 @@ def _recorded_layout(cfg: ClusterConfig) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         raise preflight.PreflightError(f"cannot read {path}: {exc}", "config") from None
+
+
+def _layout_ranges(layout: dict) -> str:
+    return ",".join(f"{lo}-{hi}" for lo, hi in layout.get("slots", []))
 
 
 def _ranges(cfg: ClusterConfig) -> str:
@@ -456,15 +460,22 @@ class _Shown:
 # --finish / --undo
 # ---------------------------------------------------------------------------------------------
 
-def _settle(cfg: ClusterConfig, undo: bool) -> int:
+def _settle(cfg: ClusterConfig, undo: bool, op: str = "restore") -> int:
+    """``cluster restore --finish/--undo`` (``op`` "restore") or ``cluster reshard
+    --finish/--undo`` (``op`` "reshard"): the journal must be of that operation."""
     rj.remove_stale_tmp(cfg.data_dir)  # a crash before the journal's rename: nothing swapped
     try:
         doc = rj.read(cfg.data_dir)
     except rj.JournalError as exc:
         raise CliError(str(exc), ERROR) from None
     if doc is None:
-        raise CliError(_nothing_to_settle(cfg), USAGE)
+        raise CliError(_nothing_to_settle(cfg, op), USAGE)
     jpath = rj.journal_path(cfg.data_dir)
+    if rj.operation(doc) != op:
+        other = rj.operation(doc)
+        raise CliError(f"{jpath} is the journal of an interrupted `sievekv cluster {other}`, "
+                       f"not of a {op}: settle it with `sievekv cluster {other} --finish` or "
+                       f"`--undo`; nothing was changed", USAGE)
     entries = [rj.resolve(cfg.data_dir, e) for e in doc["shards"]]
     root = os.path.join(os.path.realpath(cfg.data_dir), "")
     outside = [e["data"] for e in entries
@@ -482,8 +493,8 @@ def _settle(cfg: ClusterConfig, undo: bool) -> int:
     fs = FileSystem()
     if not undo:
         if doc.get("undo_started"):
-            raise CliError(f"a `sievekv cluster restore --undo` of this restore began at "
-                           f"{doc['undo_started']}: run `sievekv cluster restore --undo` again "
+            raise CliError(f"a `sievekv cluster {op} --undo` of this {op} began at "
+                           f"{doc['undo_started']}: run `sievekv cluster {op} --undo` again "
                            f"to complete it (journal {jpath} kept)", USAGE)
         for e in entries:  # before any rename: a copy that is not complete is never installed
             try:
@@ -501,14 +512,27 @@ def _settle(cfg: ClusterConfig, undo: bool) -> int:
             except rj.JournalError as exc:
                 raise CliError(f"{exc} (journal {jpath} kept)", ERROR) from None
             print(f"{e['name']:<10} {how}", flush=True)
+        if op == rj.RESHARD:  # the layout that goes with the data, before the journal goes
+            rj.write_layout(cfg.data_dir, doc["old_layout" if undo else "new_layout"], fs)
         rj.remove(cfg.data_dir, fs)
     except OSError as exc:  # StorageIOError too: a rename, a deletion, the journal's rewrite
-        raise CliError(f"cannot {'undo' if undo else 'finish'} the restore in {cfg.data_dir}: "
+        raise CliError(f"cannot {'undo' if undo else 'finish'} the {op} in {cfg.data_dir}: "
                        f"{exc}; run it again once that is fixed (journal {jpath} kept)",
                        ERROR) from None
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(cfg.data_dir, doc)
+    if op == rj.RESHARD:
+        backup = os.path.join(cfg.data_dir, doc["backup"])
+        if undo:
+            print(f"the reshard is undone: {cfg.data_dir} holds the data and the slot layout "
+                  f"({_layout_ranges(doc['old_layout'])}) it held before", flush=True)
+        else:
+            kept = backup if os.path.isdir(backup) else "(there was none)"
+            print(f"the reshard is finished: {cfg.data_dir} holds the slot layout "
+                  f"{_layout_ranges(doc['new_layout'])}; old data in {kept}; next: sievekv "
+                  f"cluster start{_config_hint(cfg)}", flush=True)
+        return OK
     if undo:
         print(f"the restore from {doc['checkpoint']} is undone: {cfg.data_dir} holds the data "
               f"it held before", flush=True)
