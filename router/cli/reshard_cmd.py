@@ -263,9 +263,9 @@ def reshard(cfg: ClusterConfig, quiet: bool = False) -> int:
         if isinstance(exc, OSError):  # StorageIOError too: a full disk, EIO, permissions
             raise CliError(f"cannot write the new shards in {cfg.data_dir}: {exc}; nothing was "
                            f"resharded (the staged copies are removed)", ERROR) from None
-        if isinstance(exc, SieveError):
-            raise CliError(f"cannot write the new shards in {cfg.data_dir}: {exc}; nothing was "
-                           f"resharded (the staged copies are removed)", ERROR) from None
+        if isinstance(exc, SieveError):  # a damaged old table, a value over the new limit
+            raise CliError(f"reshard failed: {exc}; nothing was resharded (the staged copies "
+                           f"are removed)", ERROR) from None
         raise
     status.end_line()
     _swap(cfg, entries, backup, old, new, fs)
