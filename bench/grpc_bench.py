@@ -87,19 +87,27 @@ def _client_worker(commands, results):
             get, put, mget = c.get, c.put, c.multi_get
         prefix = b"put-%d-" % os.getpid()
         n = 0
+        absent = [0]  # keys answered as absent: every key asked for was preloaded
 
         def one(i):
             if op == "get":
-                get(keys[i & 4095])
+                r = get(keys[i & 4095])
+                if r is None or (mode == "raw" and not r.found):
+                    absent[0] += 1
                 return 1
             if op == "put":
                 put(prefix + b"%d" % i, value)
                 return 1
-            mget(batches[i % len(batches)])
+            r = mget(batches[i % len(batches)])
+            if mode == "raw":
+                absent[0] += len(r.found) - sum(r.found)
+            else:
+                absent[0] += r.count(None)
             return MULTIGET_KEYS
 
         for i in range(warmup):  # warm the channel and the code paths
             one(i)
+        absent[0] = 0
         while time.time() < start_at:
             time.sleep(0.001)
         t0 = time.perf_counter()
@@ -109,7 +117,7 @@ def _client_worker(commands, results):
         while time.perf_counter() < end:
             n += one(i)
             i += 1
-        results.put((n / (time.perf_counter() - t0), i, time.process_time() - c0))
+        results.put((n / (time.perf_counter() - t0), i, time.process_time() - c0, absent[0]))
 
 
 def _cpu(pid: int) -> float:
@@ -141,6 +149,10 @@ class Clients:
         before = [_cpu(pid) for pid in server_pids]
         got = [self.results.get(timeout=seconds + 120) for _ in range(count)]
         servers = [_cpu(pid) - b for pid, b in zip(server_pids, before)]
+        absent = sum(g[3] for g in got)
+        if absent:
+            raise RuntimeError(f"{op} at {address}: {absent} preloaded keys answered as absent "
+                               "(a wrong answer must not count as a call served)")
         calls = max(sum(g[1] for g in got), 1)
         client_cpu = sum(g[2] for g in got)
         if split is not None:
@@ -265,9 +277,11 @@ def main() -> int:
         rates = {(t[0], op): [] for t in targets for op in ops}
         cpus = {(t[0], op): [] for t in targets for op in ops}
         splits = {(t[0], op): [] for t in targets for op in ops}  # [client, router, shard]
-        for _ in range(args.rounds):
+        for rnd in range(args.rounds):
             for op in ops:
-                for name, address, mode, server_pids in targets:
+                # a new first target each round: who runs first (cold caches, the machine's
+                # load at the start of a round) is not always the floor
+                for name, address, mode, server_pids in _rotated(targets, rnd):
                     rate, cpu = clients.run(address, mode, op, args.seconds, args.keys,
                                             server_pids=server_pids, split=splits[(name, op)])
                     rates[(name, op)].append(rate)
@@ -281,8 +295,8 @@ def main() -> int:
         iso_targets = [("floor", echo), ("router", router_echo), ("echo shard", echo_shard),
                        ("rocks shard", r0), ("engine shard", s0)]
         iso = {name: [] for name, _ in iso_targets}
-        for _ in range(args.rounds):
-            for name, address in iso_targets:
+        for rnd in range(args.rounds):
+            for name, address in _rotated(iso_targets, rnd):
                 iso[name].append(clients.run(address, "raw", "get", args.seconds, args.keys)[0])
 
         # router processes: several clients against 1 and 2 routers
@@ -298,10 +312,11 @@ def main() -> int:
                                    if "spawn_main" in " ".join(c.cmdline())]}
         scale, spreads = {}, {}
         psutil.cpu_percent()
-        for _ in range(max(1, args.rounds // 2)):
-            for name, address, mode in [("floor, 1 router", echo, "raw"), ("floor, 2 routers", echo2, "raw"),
-                                        ("sievekv, 1 router", sievekv, "client"),
-                                        ("sievekv, 2 routers", sievekv2, "client")]:
+        for rnd in range(max(1, args.rounds // 2)):
+            for name, address, mode in _rotated([("floor, 1 router", echo, "raw"),
+                                                 ("floor, 2 routers", echo2, "raw"),
+                                                 ("sievekv, 1 router", sievekv, "client"),
+                                                 ("sievekv, 2 routers", sievekv2, "client")], rnd):
                 scale.setdefault(name, []).append(clients.run(
                     address, mode, "get", 2 * args.seconds, args.keys, count=args.clients, fresh=True)[0])
                 if name in router_procs:  # the connections of this run are still open
@@ -327,7 +342,8 @@ def main() -> int:
           f"runs of {args.seconds:g} s")
     print()
     print("one client process, one shard behind one router process; rates are medians, ratios are")
-    print("medians of the per-round ratios (each round runs the three targets back to back), [min-max]")
+    print("medians of the per-round ratios (each round runs the three targets back to back, a different")
+    print("one first each round), [min-max]; every Get/MultiGet answer checked found")
     print(f"{'operation':<22}{'echo floor':>11}{'sievekv':>10}{'RocksDB':>10}{'vs floor':>20}{'target':>7}"
           f"{'vs RocksDB':>20}{'target':>7}")
     rows = [("get", "Get calls/s", 0.9), ("put", "Put calls/s", 0.9), ("mget", "MultiGet-100 keys/s", 0.7)]
@@ -377,6 +393,11 @@ def main() -> int:
     print_hop_costs(args.keys)
     print(f"total run time {time.monotonic() - t_start:.0f} s; all processes stopped")
     return 0
+
+
+def _rotated(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def _ratio(values: list[float]) -> str:
