@@ -2,11 +2,23 @@
 
 Workloads (db_bench names), on --keys random 16-byte keys with 100-byte random values and
 10 filter bits per key in every engine, no compression anywhere, --memtable-mib memtables
-(write buffers) and 8 MiB block caches, no fsync per write:
+(write buffers) and 8 MiB block caches, no fsync per write. Gets read data blocks through a
+memory mapping of each table in every engine: sievekv's default (mmap_reads), LevelDB's on
+64-bit hosts, and RocksDB's allow_mmap_reads, set here so that all three read the same way
+(--rocksdb-pread gives RocksDB its default instead, pread through its 8 MiB block cache, as
+every run recorded before this option did: at 1M keys RocksDB's present-key gets then cost
+~1.65x more CPU (interleaved chunks, thread CPU time), which flattered sievekv's readrandom).
 
   fillrandom   put every key once, in random order (time until the last put returns; flushes
                and compactions run in the background and slow the puts down when they fall
-               behind); then the tree is settled (flush + full compaction, timed apart)
+               behind); then the memtable is flushed and the tree settled (full compaction),
+               each timed apart
+  fill+flush   the same puts until the last memtable is in a table. Printed beside fillrandom
+               because the engines count memtable bytes differently (sievekv: key + value + 16,
+               RocksDB: its arena, ~148 B per entry here), so when the last put returns one
+               engine may still owe most of its flush work (at 1M keys and 64 MiB by those
+               sizes: sievekv has flushed once and holds ~490k entries, RocksDB twice and
+               ~90k; on a loaded machine sievekv's table workers lag and it held them all)
   readrandom   get --reads existing keys in random order (after close and reopen)
   readmissing  get --reads keys that are not in the DB
   seekrandom   --seeks times: seek to a random key and read the next 100 entries
@@ -19,7 +31,13 @@ built to resist that):
 - The read phases run in one process holding all the DBs open, interleaved: each phase is cut
   into 10 chunks and every chunk is run on every engine back to back (rotating which engine
   goes first), so all engines see the same load. The ratio printed is the median over chunks
-  of (sievekv rate / RocksDB rate); the ops/s columns are each engine's median chunk.
+  of (sievekv rate / RocksDB rate); the ops/s columns are each engine's median chunk. The same
+  ratio is also printed from the reading thread's CPU time per chunk, and the fill's CPU
+  seconds (process + table workers), which a loaded machine moves less than wall time.
+- Answers are checked: the timed loops count a get that finds nothing for a present key (or
+  a value for a missing one) and a seek that returns nothing, and stop the run on any; untimed,
+  every engine must return the value that was put for a sample of each phase's keys, and the
+  same entries for a sample of seeks (the same total for all seeks).
 
 Also printed for sievekv: data blocks read per missing-key get per table whose key range
 covers the key, and the resident filter bytes (measured by the OS) right after open and after
@@ -34,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import random
@@ -54,7 +73,9 @@ ENGINES = ("sievekv", "rocksdb", "leveldb")
 PHASES = ("fillrandom", "readrandom", "readmissing", "seekrandom")
 READ_PHASES = PHASES[1:]
 MEMTABLE = 8 * MiB  # set from --memtable-mib
+ROCKSDB_MMAP = True  # cleared by --rocksdb-pread
 CHUNKS = 10
+VERIFY_SAMPLE = 2000  # keys per read phase whose values are compared across engines (untimed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,6 +120,16 @@ class Sievekv:
             got += 1
         return got
 
+    def seek_items(self, key, n):
+        return list(self.db.scan(key, limit=n))
+
+    def flush(self):
+        self.db.flush()
+
+    def memtable_entries(self) -> int:
+        rs = self.db._rs  # stats() counts the frozen memtables' bytes, not their entries
+        return len(rs.mem) + sum(len(m) for m in rs.frozen)
+
     def settle(self):
         self.db.compact()
 
@@ -116,6 +147,7 @@ class RocksDB:
         opts.create_if_missing(True)
         opts.set_compression_type(DBCompressionType.none())
         opts.set_write_buffer_size(MEMTABLE)
+        opts.set_allow_mmap_reads(ROCKSDB_MMAP)
         bbo = BlockBasedOptions()
         bbo.set_bloom_filter(BITS, False)
         bbo.set_block_cache(Cache(8 * MiB))
@@ -135,16 +167,24 @@ class RocksDB:
         self.get = self.db.get
 
     def seek_next(self, key, n):
-        it = self.db.iter()
-        it.seek(key)
+        # items(): one call per entry yielding (key, value), as sievekv's scan and plyvel's
+        # iterator do (iter() with valid/key/value/next took four calls: ~1.2x slower here)
         got = 0
-        while got < n and it.valid():
-            it.key()
-            it.value()
-            it.next()
+        for _ in self.db.items(from_key=key):
             got += 1
-        del it
+            if got >= n:
+                break
         return got
+
+    def seek_items(self, key, n):
+        return list(itertools.islice(self.db.items(from_key=key), n))
+
+    def flush(self):
+        self.db.flush()
+
+    def memtable_entries(self) -> int:
+        p = self.db.property_int_value
+        return int(p("rocksdb.num-entries-active-mem-table") + p("rocksdb.num-entries-imm-mem-tables"))
 
     def settle(self):
         self.db.flush()
@@ -175,6 +215,17 @@ class LevelDB:
                 break
         it.close()
         return got
+
+    def seek_items(self, key, n):
+        with self.db.iterator(start=key) as it:
+            return list(itertools.islice(it, n))
+
+    def memtable_entries(self) -> int:
+        return -1  # plyvel does not say
+
+    def flush(self):
+        # PITFALLS: compact_range() without bounds only flushes the memtable.
+        self.db.compact_range()
 
     def settle(self):
         # PITFALLS: compact_range() without bounds only flushes the memtable.
@@ -218,6 +269,23 @@ class PeakRSS:
         self._stop.set()
         self._t.join()
         self.peak = max(self.peak, self.rss())
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its live children (sievekv's table workers), so
+    work done in other processes is counted as RocksDB's and LevelDB's threads are. Less
+    sensitive to the shared machine's load than wall time."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in (me, *me.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except Exception:  # noqa: BLE001 - a child that just exited
+            pass
+    return total
 
 
 def _sievekv_filters(db) -> dict:
@@ -277,6 +345,7 @@ def fill_child(engine_name: str, path: str, args) -> dict:
             put(k, value_for(values, i))
 
     with PeakRSS() as peak:
+        cpu0 = _cpu_seconds()
         t0 = time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -284,10 +353,20 @@ def fill_child(engine_name: str, path: str, args) -> dict:
         if prof is not None:
             prof.disable()
         out["fillrandom_s"] = time.perf_counter() - t0
+        out["fill_cpu_s"] = _cpu_seconds() - cpu0
+        out["memtable_entries"] = eng.memtable_entries()
+        if engine_name == "sievekv":
+            st = eng.db.stats()
+            out["sievekv_fill_end"] = {"flushes": st["flushes"], "compactions": st["compactions"]}
+        t0 = time.perf_counter()
+        eng.flush()
+        out["flush_s"] = time.perf_counter() - t0
+        out["fill_flush_cpu_s"] = _cpu_seconds() - cpu0
         t0 = time.perf_counter()
         eng.settle()
         out["settle_s"] = time.perf_counter() - t0
     out["fillrandom"] = args.keys / out["fillrandom_s"]
+    out["fill+flush"] = args.keys / (out["fillrandom_s"] + out["flush_s"])
     out["peak_rss_mib"] = peak.peak / MiB
     out["rss_growth_mib"] = (peak.peak - rss0) / MiB
     if engine_name == "sievekv":
@@ -305,7 +384,7 @@ def fill_child(engine_name: str, path: str, args) -> dict:
 
 def read_child(paths: dict, args) -> dict:
     """Open every engine's DB and run the read phases interleaved chunk by chunk."""
-    _keys, _values, missing, read_keys = make_data(args.keys, args.reads)
+    keys, values, missing, read_keys = make_data(args.keys, args.reads)
     seek_keys = read_keys[: args.seeks]
     gc.collect()
     gc.freeze()
@@ -327,6 +406,7 @@ def read_child(paths: dict, args) -> dict:
         out["sievekv"]["after_open"] = _sievekv_filters(engines["sievekv"].db)
     names = list(engines)
     bad = {n: 0 for n in names}
+    entries = {n: 0 for n in names}  # seekrandom: entries each engine returned
 
     def do_reads(name, part, want_found):
         get = engines[name].get
@@ -338,9 +418,13 @@ def read_child(paths: dict, args) -> dict:
 
     def do_seeks(name, part):
         seek = engines[name].seek_next
+        got = 0
         for k in part:
-            if seek(k, 100) == 0:
+            g = seek(k, 100)
+            if g == 0:
                 bad[name] += 1
+            got += g
+        entries[name] += got
 
     work = {"readrandom": (read_keys, lambda n, p: do_reads(n, p, True)),
             "readmissing": (missing, lambda n, p: do_reads(n, p, False)),
@@ -349,6 +433,7 @@ def read_child(paths: dict, args) -> dict:
         items, fn = work[phase]
         size = max(1, len(items) // CHUNKS)
         rates = {n: [] for n in names}
+        cpu_rates = {n: [] for n in names}
         if phase == "readmissing" and "sievekv" in engines:
             blocks0 = engines["sievekv"].db.stats()["data_blocks_read"]
         prof = _profiler(args, phase)
@@ -358,16 +443,20 @@ def read_child(paths: dict, args) -> dict:
             for n in order:
                 if prof is not None and n == "sievekv":
                     prof.enable()
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 fn(n, part)
                 dt = time.perf_counter() - t0
+                cdt = time.thread_time() - c0
                 if prof is not None and n == "sievekv":
                     prof.disable()
                 rates[n].append(len(part) / dt)
+                cpu_rates[n].append(len(part) / max(cdt, 1e-9))
         _print_profile(prof, f"sievekv {phase}")
         for n in names:
             out[n][phase] = statistics.median(rates[n])
             out[n][phase + "_chunks"] = rates[n]
+            out[n][phase + "_cpu_chunks"] = cpu_rates[n]
         if "sievekv" in engines and phase == "readrandom":
             out["sievekv"]["after_gets"] = _sievekv_filters(engines["sievekv"].db)
         if "sievekv" in engines and phase == "readmissing":
@@ -379,9 +468,37 @@ def read_child(paths: dict, args) -> dict:
             out["sievekv"]["missing_covering_tables_per_get"] = covering / len(missing)
         if any(bad.values()):
             raise SystemExit(f"{phase}: wrong answers {bad}")
+        _check_answers(phase, engines, keys, values, read_keys, missing, seek_keys, entries)
     for eng in engines.values():
         eng.close()
     return out
+
+
+def _check_answers(phase, engines, keys, values, read_keys, missing, seek_keys, entries) -> None:
+    """Untimed: the timed loops only check found / not found (and seeks for >= 1 entry); here
+    every engine must return the value that was put for a sample of the phase's keys, and
+    seeks must return the same entries on every engine."""
+    if phase == "seekrandom":
+        if len(set(entries.values())) > 1:
+            raise SystemExit(f"seekrandom: engines returned different entry counts {entries}")
+        sample = seek_keys[:VERIFY_SAMPLE // 20]
+        want = [next(iter(engines.values())).seek_items(k, 100) for k in sample]
+        for name, eng in engines.items():
+            if [eng.seek_items(k, 100) for k in sample] != want:
+                raise SystemExit(f"seekrandom: {name} returned other entries than "
+                                 f"{next(iter(engines))}")
+        return
+    sample = (read_keys if phase == "readrandom" else missing)[:VERIFY_SAMPLE]
+    expected: dict = {}
+    if phase == "readrandom":
+        wanted = set(sample)
+        for i, k in enumerate(keys):  # the last put of a key wins, as in the fill
+            if k in wanted:
+                expected[k] = value_for(values, i)
+    wrong = {name: sum(1 for k in sample if eng.get(k) != expected.get(k))
+             for name, eng in engines.items()}
+    if any(wrong.values()):
+        raise SystemExit(f"{phase}: wrong values for a sample of {len(sample)} keys: {wrong}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,6 +508,8 @@ def _run_child(args, *extra) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--keys", str(args.keys), "--reads",
            str(args.reads), "--seeks", str(args.seeks), "--memtable-mib", str(args.memtable_mib),
            *extra]
+    if args.rocksdb_pread:
+        cmd.append("--rocksdb-pread")
     if args.profile:
         cmd += ["--profile", args.profile]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -400,7 +519,7 @@ def _run_child(args, *extra) -> dict:
 
 
 def main() -> None:
-    global MEMTABLE
+    global MEMTABLE, ROCKSDB_MMAP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--reads", type=int, default=None, help="gets per read phase (default min(keys, 100000))")
@@ -410,12 +529,16 @@ def main() -> None:
                     help="memtable / write buffer size of every engine (default 64: RocksDB's)")
     ap.add_argument("--fill-rounds", type=int, default=1)
     ap.add_argument("--dir", default=None, help="parent directory for the DBs")
+    ap.add_argument("--rocksdb-pread", action="store_true",
+                    help="RocksDB reads with pread through its 8 MiB block cache (its default; "
+                         "the runs recorded before this option) instead of allow_mmap_reads")
     ap.add_argument("--profile", choices=PHASES, default=None,
                     help="cProfile this phase of sievekv (printed to stderr)")
     ap.add_argument("--fill-child", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--read-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
     MEMTABLE = args.memtable_mib * MiB
+    ROCKSDB_MMAP = not args.rocksdb_pread
     if args.reads is None:
         args.reads = min(args.keys, 100_000)
     if args.seeks is None:
@@ -444,6 +567,7 @@ def main() -> None:
             runs = sorted(fills[n], key=lambda x: x["fillrandom"])
             results[n] = dict(runs[len(runs) // 2])
             results[n]["fill_rounds"] = [x["fillrandom"] for x in fills[n]]
+            results[n]["fill+flush"] = statistics.median(x["fill+flush"] for x in fills[n])
         reads = _run_child(args, "--read-child", json.dumps(paths))
         for n in names:
             results[n].update(reads[n])
@@ -456,7 +580,7 @@ def _ratio(results, phase) -> float | None:
     s, r = results.get("sievekv"), results.get("rocksdb")
     if not s or not r:
         return None
-    if phase == "fillrandom":
+    if phase in ("fillrandom", "fill+flush"):
         return s[phase] / r[phase]
     pairs = [a / b for a, b in zip(s[phase + "_chunks"], r[phase + "_chunks"])]
     return statistics.median(pairs)
@@ -466,6 +590,8 @@ def report(results: dict, args) -> None:
     print(f"db_bench: {args.keys:,} keys (16 B random), {VALUE_SIZE} B values, {BITS} bits/key, "
           f"{args.memtable_mib} MiB memtables, 8 MiB block caches, no compression; "
           f"{args.reads:,} gets per read phase, {args.seeks:,} seeks x 100 next")
+    print("gets read mapped tables in sievekv and LevelDB; RocksDB: "
+          + ("allow_mmap_reads" if ROCKSDB_MMAP else "pread + 8 MiB block cache (--rocksdb-pread)"))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f} at the end; fill rounds: {args.fill_rounds}")
     names = list(results)
@@ -473,28 +599,42 @@ def report(results: dict, args) -> None:
     print()
     print(f"{'workload':<14}" + "".join(f"{n + ' ops/s':>18}" for n in names)
           + (f"{'sievekv/rocksdb':>18}" if have_ratio else ""))
-    targets = {"fillrandom": 0.5, "readrandom": 0.5, "readmissing": 0.25, "seekrandom": None}
-    for phase in PHASES:
+    targets = {"fillrandom": 0.5, "fill+flush": 0.5, "readrandom": 0.5, "readmissing": 0.25,
+               "seekrandom": None}
+    for phase in ("fillrandom", "fill+flush", *READ_PHASES):
         row = f"{phase:<14}" + "".join(f"{results[n][phase]:>18,.0f}" for n in names)
         if have_ratio:
             ratio = _ratio(results, phase)
             t = targets[phase]
-            row += f"{ratio:>17.2f}x" + (f"  (target >= {t}x: {'met' if ratio >= t else 'MISSED'})" if t else "")
+            # three decimals: a ratio of 0.499 printed as "0.50x" beside "MISSED" misleads
+            row += f"{ratio:>17.3f}x" + (f"  (target >= {t}x: {'met' if ratio >= t else 'MISSED'})" if t else "")
         print(row)
-    print("(read phases: each engine's median over 10 interleaved chunks; ratio: median of the "
-          "per-chunk ratios)")
+    print("(fill+flush: the same puts timed until the last memtable is in a table; read phases: "
+          "each engine's median over 10 interleaved chunks; ratio: median of the per-chunk ratios)")
+    if have_ratio:  # gets run in the calling thread in every engine: its CPU time is their cost
+        cpu = {phase: statistics.median(a / b for a, b in zip(results["sievekv"][phase + "_cpu_chunks"],
+                                                              results["rocksdb"][phase + "_cpu_chunks"]))
+               for phase in READ_PHASES}
+        print("the same ratios from the reading thread's CPU time (less sensitive to the machine's "
+              "load): " + ", ".join(f"{p} {r:.3f}x" for p, r in cpu.items()))
     print()
     print(f"{'':<30}" + "".join(f"{n:>14}" for n in names))
     for label, key, fmt in (("fill seconds", "fillrandom_s", "{:.1f}"),
-                            ("settle (flush+compact) s", "settle_s", "{:.1f}"),
+                            ("entries in memtables then", "memtable_entries", "{:,}"),
+                            ("flush seconds", "flush_s", "{:.1f}"),
+                            ("CPU s: fill **", "fill_cpu_s", "{:.1f}"),
+                            ("CPU s: fill+flush **", "fill_flush_cpu_s", "{:.1f}"),
+                            ("settle (compact) s", "settle_s", "{:.1f}"),
                             ("reopen seconds", "open_s", "{:.3f}"),
                             ("peak RSS during fill MiB *", "peak_rss_mib", "{:.0f}"),
                             ("RSS growth during fill MiB *", "rss_growth_mib", "{:.0f}")):
-        print(f"{label:<30}" + "".join(f"{fmt.format(results[n][key]):>14}" for n in names))
+        print(f"{label:<30}" + "".join(
+            f"{fmt.format(results[n][key]) if results[n][key] >= 0 else 'n/a':>14}" for n in names))
     if args.fill_rounds > 1:
         print(f"{'fillrandom ops/s per round':<30}" + "".join(
-            f"{'/'.join(f'{x / 1000:.0f}k' for x in results[n]['fill_rounds']):>14}" for n in names))
+            f" {'/'.join(f'{x / 1000:.0f}k' for x in results[n]['fill_rounds']):>13}" for n in names))
     print("* the filling process and its children (sievekv's table worker processes)")
+    print("** CPU seconds of the filling process and its children, background threads included")
     s = results.get("sievekv")
     if s:
         print()
@@ -507,7 +647,10 @@ def report(results: dict, args) -> None:
         print(f"  resident filter bytes after {args.reads:,} random gets: "
               f"{s['after_gets']['resident_filter_bytes']:,}")
         fs = s["sievekv_fill_stats"]
-        print(f"  fill: {fs['flushes']} flushes, {fs['compactions']} compactions "
+        fe = s["sievekv_fill_end"]
+        print(f"  when the last put returned: {fe['flushes']} flushes and {fe['compactions']} "
+              f"compactions done")
+        print(f"  fill + flush + settle: {fs['flushes']} flushes, {fs['compactions']} compactions "
               f"({fs['compaction_bytes_written'] / MiB:.0f} MiB written), write stalls "
               f"{fs['write_stall_s']:.2f} s, {fs['worker_jobs']} jobs in table worker processes;"
               f" levels after settle (level, tables): {fs['levels']}")
