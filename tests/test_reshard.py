@@ -332,6 +332,58 @@ def test_a_key_outside_its_shards_slots_is_refused_and_staging_removed(tmp_path)
     assert not os.path.exists(os.path.join(s.data_dir, "shard-2"))
 
 
+def test_a_damaged_old_shard_is_refused_and_staging_removed(tmp_path):
+    s = Setup(tmp_path)
+    model = model_of(400)
+    s.build(conf(2), model, garbage=False)
+    shard1 = os.path.join(s.data_dir, "shard-1")
+    with DB.open(shard1, create_if_missing=False) as db:
+        db.flush()
+    table = max((n for n in os.listdir(shard1) if n.endswith(".sst")),
+                key=lambda n: os.path.getsize(os.path.join(shard1, n)))
+    with open(os.path.join(shard1, table), "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CliError) as ei:
+        reshard_cmd.run(s.config(conf(3)), quiet=True)
+    assert ei.value.code == 1 and "nothing was resharded" in str(ei.value), str(ei.value)
+    assert s.left() == [] and s.backups() == [] and s.layout() == [[0, 8191], [8192, 16383]]
+    assert not os.path.exists(os.path.join(s.data_dir, "shard-2"))
+
+
+def test_an_empty_old_shard_directory_counts_as_no_keys(tmp_path):
+    s = Setup(tmp_path)
+    model = {k: v for k, v in model_of(300).items() if slot_of(k) < 8192}
+    s.build(conf(2), model, garbage=False)
+    shutil.rmtree(os.path.join(s.data_dir, "shard-1"))
+    os.makedirs(os.path.join(s.data_dir, "shard-1"))  # as the supervisor makes it
+    assert reshard_cmd.run(s.config(conf(3)), quiet=True) == 0
+    assert shard_contents(s.data_dir, s.layout()) == model
+
+
+def test_journal_entries_of_removed_shards_finish_and_undo(tmp_path):
+    data, backup = str(tmp_path / "shard-3"), str(tmp_path / "bk" / "shard-3")
+    e = {"name": "shard-3", "data": data, "staged": data + rj.RESHARD_STAGING_SUFFIX,
+         "backup": backup, "had_data": True, "removed": True}
+    os.makedirs(data)
+    assert rj.undo_shard(e) == "not moved"
+    assert rj.finish_shard(e) == "removed" and os.path.isdir(backup) and not os.path.exists(data)
+    assert rj.finish_shard(e) == "done already"
+    assert rj.undo_shard(e) == "old data back" and os.path.isdir(data)
+    assert not os.path.exists(backup)
+    os.makedirs(backup)  # both: never guessed
+    for f in (rj.finish_shard, rj.undo_shard):
+        with pytest.raises(rj.JournalError, match="settle this shard by hand"):
+            f(e)
+    assert os.path.isdir(data) and os.path.isdir(backup)
+    line = rj.running_line({"pid": 7, "operation": "reshard"})
+    assert line == "a `sievekv cluster reshard` (pid 7)"
+    line = rj.running_line({"pid": 7, "checkpoint": "/ck"})  # an older build's: a restore
+    assert line.startswith("a `sievekv cluster restore` (pid 7")
+
+
 def test_short_disk_is_refused_with_the_numbers(tmp_path):
     with pytest.raises(CliError) as ei:
         reshard_cmd.check_room(str(tmp_path), 3 << 30, free=1 << 30)

@@ -340,6 +340,9 @@ def _copy_shard(cfg, p: ShardPlan, dbs, by_index, owner, status) -> None:
     """Scan old shard ``p`` and write each live key to its new owner's staged DB."""
     path = cs.shard_dir(cfg.data_dir, p.index)
     lo, hi = p.old
+    if not os.listdir(path):  # created for a shard that never opened its DB: no keys
+        status.show(_reading_line(p, done=True), final=True)
+        return
     try:
         src = DB.open(path, **rc.engine_options(cfg))
     except LockedError:
