@@ -28,7 +28,7 @@ from router.config import even_slot_ranges, load
 from router.slots import slot_of
 
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
-from .test_cli_e2e import sievekv
+from .test_cli_e2e import clean_cli_env, sievekv
 from .test_review_lifecycle import conf_text, lab, one_error_line  # noqa: F401 (lab: fixture)
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
@@ -171,18 +171,36 @@ def test_restore_brings_back_the_checkpoint_state_and_keeps_the_old_data(lab, tm
 # refusals (no server)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def restored(tmp_path):
-    """An Offline 2-shard setup whose data directory holds checkpoint ``ck`` (restored), and
-    the model of it."""
-    o = Offline(tmp_path)
+@pytest.fixture(scope="module")
+def restored_template(tmp_path_factory):
+    """What ``restored`` starts from, made once per module: an Offline 2-shard setup (in a
+    directory of its own) whose data directory holds checkpoint ``ck``, restored by the CLI."""
+    root = tmp_path_factory.mktemp("restored")
+    o = Offline(root)
     model = model_of(800, "old")
-    make_checkpoint(str(tmp_path / "ck"), even_slot_ranges(2), model, str(tmp_path))
-    r = o.restore(str(tmp_path / "ck"), "--quiet")
+    make_checkpoint(str(root / "ck"), even_slot_ranges(2), model, str(root))
+    with pytest.MonkeyPatch.context() as mp:
+        clean_cli_env(mp)
+        r = o.restore(str(root / "ck"), "--quiet")
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # --quiet
     assert content(o.data_dir, 2) == model
-    return o, model
+    return root, model
+
+
+@pytest.fixture
+def restored(restored_template, tmp_path):
+    """An Offline 2-shard setup in ``tmp_path`` whose data directory holds checkpoint
+    ``tmp_path/ck`` (restored), and the model of it: a copy of ``restored_template`` (the
+    config, the checkpoint and the data directory), each test's own."""
+    root, model = restored_template
+    for name in os.listdir(root):
+        src = os.path.join(root, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, tmp_path / name, symlinks=True)
+        else:
+            shutil.copy2(src, tmp_path / name)
+    return Offline(tmp_path), model
 
 
 def _refused(o: Offline, ck: str, code: int, words: str, *extra) -> None:

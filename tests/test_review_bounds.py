@@ -181,8 +181,13 @@ def test_a_scan_past_the_routers_default_deadline_says_so(big_cluster, module_pr
         router.kill()
 
 
+# Keys of _many_tables_db: t000000.. of 200-byte values, two per table (measured: 600 keys
+# make 300 tables, built in ~1 s; the 3,000 used before made 1,500 tables and took 8-15 s, for
+# the same checks: every test needs more tables than a soft limit of 100).
+MANY_TABLE_KEYS = 600
+
 # argv: path, soft limit, hard limit ("same": the hard limit as it is), DB options as k=v
-_MANY_TABLES_CHILD = textwrap.dedent("""
+_MANY_TABLES_CHILD = f"MANY_TABLE_KEYS = {MANY_TABLE_KEYS}\n" + textwrap.dedent("""
     import resource, sys
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if sys.argv[3] != "same":
@@ -193,7 +198,7 @@ _MANY_TABLES_CHILD = textwrap.dedent("""
     from engine import DB
     with DB.open(sys.argv[1], target_file_size=8192, table_workers=0, **opts) as db:
         n = sum(1 for _ in db.scan())
-        hits = sum(db.get(b"t%06d" % i) == b"x" * 200 for i in range(0, 3000, 7))
+        hits = sum(db.get(b"t%06d" % i) == b"x" * 200 for i in range(0, MANY_TABLE_KEYS, 7))
         errors = db.filter_report()["totals"]["filter_errors"]
     print(n, hits, resource.getrlimit(resource.RLIMIT_NOFILE)[0], errors)
 """)
@@ -205,16 +210,34 @@ def _run_child(path: str, soft: int, hard="same", *opts: str):
 
 
 def _many_tables_db(path: str) -> int:
-    """A DB of ~170 small tables (target_file_size 8 KiB, of which 4 KiB is the filter page)
-    holding t000000..t002999; returns the number of live tables."""
+    """A DB of ~300 small tables (target_file_size 8 KiB, of which 4 KiB is the filter page;
+    tables of ~9 KB, two keys each) holding MANY_TABLE_KEYS keys t000000..; returns the number
+    of live tables."""
     from engine import DB
 
     with DB.open(path, target_file_size=8192, memtable_bytes=64 * 1024,
                  max_bytes_for_level_base=64 * 1024, table_workers=0) as db:
-        for i in range(0, 3000, 500):
-            db.write([(b"t%06d" % j, b"x" * 200) for j in range(i, i + 500)])
+        for i in range(0, MANY_TABLE_KEYS, 500):
+            db.write([(b"t%06d" % j, b"x" * 200) for j in range(i, min(i + 500, MANY_TABLE_KEYS))])
         db.compact()
         return sum(lv["tables"] for lv in db.stats()["levels"])
+
+
+@pytest.fixture(scope="module")
+def many_tables_template(tmp_path_factory):
+    """_many_tables_db built once for the module (~15 s on a loaded machine); tests get copies."""
+    path = str(tmp_path_factory.mktemp("many-tables") / "db")
+    return path, _many_tables_db(path)
+
+
+@pytest.fixture
+def many_tables(many_tables_template, tmp_path):
+    """(path, live tables): this test's own copy (tmp_path/db) of the module's _many_tables_db,
+    closed; the same files as building it here, without building it again."""
+    template, tables = many_tables_template
+    path = str(tmp_path / "db")
+    shutil.copytree(template, path)
+    return path, tables
 
 
 # Session 6, was a strict xfail: the engine keeps every table open, 1 to 3 descriptors each (file,
@@ -224,42 +247,41 @@ def _many_tables_db(path: str) -> int:
 # limit to the hard one when its tables need it (engine/open_files.py, as Go's runtime does for
 # every program). Past the hard limit it still fails, with a clear error (next test). A table
 # cache (LevelDB's max_open_files) would bound the descriptors instead; there is none.
-def test_a_db_with_more_tables_than_the_soft_open_file_limit_opens(tmp_path):
-    path = str(tmp_path / "db")
-    tables = _many_tables_db(path)
+def test_a_db_with_more_tables_than_the_soft_open_file_limit_opens(many_tables):
+    path, tables = many_tables
     assert tables > 120
     r = _run_child(path, 100)
     assert r.returncode == 0, r.stderr[-2000:]
     n, hits, soft, _ = r.stdout.split()
-    assert [n, hits] == ["3000", str(len(range(0, 3000, 7)))]
+    assert [n, hits] == [str(MANY_TABLE_KEYS), str(len(range(0, MANY_TABLE_KEYS, 7)))]
     assert int(soft) > 100  # raised
 
 
-def test_mappings_refused_for_lack_of_descriptors_cost_reads_not_answers(tmp_path):
+def test_mappings_refused_for_lack_of_descriptors_cost_reads_not_answers(many_tables):
     """With the limit left alone and just enough descriptors to open every table, the lazy
     filter and data mappings are refused (EMFILE): filters answer "may match" (counted as
     filter errors) and blocks are read with pread, so every answer is still right. Before
     session 6 a refused filter mapping failed the get."""
-    path = str(tmp_path / "db")
-    tables = _many_tables_db(path)
+    path, tables = many_tables
     r = _run_child(path, tables + 40, "same", "raise_open_file_limit=False")
     assert r.returncode == 0, r.stderr[-2000:]
     n, hits, soft, errors = r.stdout.split()
-    assert [n, hits, soft] == ["3000", str(len(range(0, 3000, 7))), str(tables + 40)]
+    assert [n, hits, soft] == [str(MANY_TABLE_KEYS), str(len(range(0, MANY_TABLE_KEYS, 7))),
+                               str(tables + 40)]
     assert int(errors) > 0  # the fallback was taken
 
 
-def test_the_soft_limit_is_left_alone_when_the_option_is_off(tmp_path):
-    path = str(tmp_path / "db")
-    assert _many_tables_db(path) > 120
+def test_the_soft_limit_is_left_alone_when_the_option_is_off(many_tables):
+    path, tables = many_tables
+    assert tables > 120
     r = _run_child(path, 100, "same", "raise_open_file_limit=False")
     assert r.returncode != 0
     assert "too many open files with" in r.stderr.strip().splitlines()[-1]
 
 
-def test_too_many_tables_for_the_hard_open_file_limit_is_a_clear_error(tmp_path):
-    path = str(tmp_path / "db")
-    assert _many_tables_db(path) > 120
+def test_too_many_tables_for_the_hard_open_file_limit_is_a_clear_error(many_tables):
+    path, tables = many_tables
+    assert tables > 120
     r = _run_child(path, 100, 100)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
@@ -366,24 +388,23 @@ def _table_maps(under: str = "/") -> int:
         return sum(1 for line in f if ".sst" in line and under in line)
 
 
-def test_descriptors_and_mappings_stay_bounded_across_flush_and_compaction_cycles(tmp_path):
-    """~170 tables; 4 cycles of writes, flush, compaction and gets. Tables compacted away are
+def test_descriptors_and_mappings_stay_bounded_across_flush_and_compaction_cycles(many_tables):
+    """Many tables (_many_tables_db); 4 cycles of writes, flush, compaction and gets. Tables compacted away are
     closed once no read state lists them (asynchronously: polled), so descriptors stay within
     3 per live table and none is left on a deleted file; threads return to their count.
     (Measured at 4,549 tables: up to 2x the descriptors transiently during a compaction, 0 on
     deleted files within 5 s.)"""
     from engine import DB
 
-    path = str(tmp_path / "db")
-    _many_tables_db(path)
+    path, _ = many_tables
     threads_before = threading.active_count()
     rng = random.Random(5)
     db = DB.open(path, target_file_size=8192, memtable_bytes=64 * 1024,
                  max_bytes_for_level_base=64 * 1024, table_workers=0)
     try:
-        keys = [b"t%06d" % i for i in range(0, 3000, 3)]
+        keys = [b"t%06d" % i for i in range(0, MANY_TABLE_KEYS, 3)]
         for cycle in range(4):
-            db.write([(b"t%06d" % rng.randrange(3000), b"y" * 200) for _ in range(500)])
+            db.write([(b"t%06d" % rng.randrange(MANY_TABLE_KEYS), b"y" * 200) for _ in range(500)])
             db.flush()
             if cycle % 2:
                 db.compact()

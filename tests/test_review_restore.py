@@ -20,8 +20,8 @@ from router.cli import app
 from router.config import even_slot_ranges
 
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
-from .test_restore import (Offline, _interrupted, content, make_checkpoint, model_of,
-                           restored, staging_left, tree)  # noqa: F401 (restored: fixture)
+from .test_restore import (Offline, _interrupted, content, make_checkpoint, model_of,  # noqa: F401
+                           restored, restored_template, staging_left, tree)  # (fixtures)
 from .test_review_lifecycle import one_error_line
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")

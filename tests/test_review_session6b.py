@@ -36,7 +36,7 @@ from router.cli.exit_codes import BUSY, code_for_grpc
 from shard.status import status_of
 
 from .conftest import REPO
-from .test_review_bounds import _many_tables_db  # ~170 small tables of t000000..t002999
+from .test_review_bounds import MANY_TABLE_KEYS, _many_tables_db  # ~300 small tables
 
 
 # -- 1. the write that puts the DB in its permanent failed state --------------------------------
@@ -81,7 +81,7 @@ def test_the_write_that_fails_the_db_for_good_is_not_reported_busy(tmp_path):
 
 # -- 2. filter statistics after refused filter mappings -----------------------------------------
 
-# argv: path, soft open-file limit. Gets every 7th key (all present) with the soft limit left
+# argv: path, soft open-file limit, keys. Gets every 7th key (all present) with the soft limit left
 # just above the tables' file descriptors, so lazy filter (and data) mappings are refused.
 _REFUSED_MAPPINGS_CHILD = textwrap.dedent("""
     import json, resource, sys
@@ -90,7 +90,7 @@ _REFUSED_MAPPINGS_CHILD = textwrap.dedent("""
     from engine import DB
     with DB.open(sys.argv[1], target_file_size=8192, table_workers=0,
                  raise_open_file_limit=False) as db:
-        hits = sum(db.get(b"t%06d" % i) == b"x" * 200 for i in range(0, 3000, 7))
+        hits = sum(db.get(b"t%06d" % i) == b"x" * 200 for i in range(0, int(sys.argv[3]), 7))
         totals = db.filter_report()["totals"]
     print(json.dumps({"hits": hits, "totals": totals}))
 """)
@@ -101,7 +101,8 @@ def refused_mappings(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("refused") / "db")
     tables = _many_tables_db(path)
     assert tables > 120
-    r = subprocess.run([sys.executable, "-c", _REFUSED_MAPPINGS_CHILD, path, str(tables + 40)],
+    r = subprocess.run([sys.executable, "-c", _REFUSED_MAPPINGS_CHILD, path, str(tables + 40),
+                        str(MANY_TABLE_KEYS)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -109,7 +110,7 @@ def refused_mappings(tmp_path_factory):
 
 def test_setup_refused_filter_mappings_answer_may_match_and_every_get_is_right(refused_mappings):
     out = refused_mappings
-    assert out["hits"] == len(range(0, 3000, 7))
+    assert out["hits"] == len(range(0, MANY_TABLE_KEYS, 7))
     assert out["totals"]["filter_errors"] > 0  # the fallback was taken
 
 
