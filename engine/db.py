@@ -105,7 +105,14 @@ class DB(Background):
 
         Raises LockedError if another DB holds the directory, InvalidArgumentError for a bad
         option, CorruptionError if the manifest or a log is damaged before its tail.
+
+        ``read_only=True``: open an existing DB without writing anything, not even during
+        recovery; writes, flush, compact and checkpoint then raise ReadOnlyError
+        (engine/read_only.py: the contract).
         """
+        if options.pop("read_only", False):
+            from .read_only import ReadOnlyDB
+            cls = ReadOnlyDB
         opts = Options.from_kwargs(**options)
         db = cls.__new__(cls)
         db._init(str(path), opts)
@@ -162,7 +169,7 @@ class DB(Background):
         # Worker processes need the real file system (a test fs cannot cross processes).
         self._pool = (shared_pool(opts.table_workers)
                       if opts.table_workers > 0 and type(fs) is FileSystem else None)
-        state = recover(fs, path, opts)
+        state = self._recover(fs, path, opts)
         self._lock_file = state.lock
         self._manifest: Manifest = state.manifest
         self._version = state.manifest.current
@@ -177,13 +184,21 @@ class DB(Background):
         except BaseException:
             # Give back what recovery took (the lock first of all): a later open of this
             # directory in this process must see the damage again, not a LockedError.
-            for release in (state.log.close, state.manifest.close, self._tables.close,
-                            state.lock.release):
+            for release in (state.log and state.log.close, state.manifest.close,
+                            self._tables.close, state.lock.release):
                 try:
-                    release()
+                    if release is not None:
+                        release()
                 except Exception:  # noqa: BLE001 - the first failure is the one to report
                     pass
             raise
+        self._start_background(path)
+
+    def _recover(self, fs, path: str, opts: Options):
+        """engine/recovery.py's RecoveredState (a read-only DB overrides this)."""
+        return recover(fs, path, opts)
+
+    def _start_background(self, path: str) -> None:
         self._threads = [threading.Thread(target=self._flush_loop, name=f"sievekv-flush {path}",
                                           daemon=True),
                          threading.Thread(target=self._compaction_loop,
