@@ -157,9 +157,10 @@ def _sync_parent(fs: FileSystem, path: str) -> None:
     fs.sync_dir(os.path.dirname(path))
 
 
-def check_staged(entry: dict, fs: FileSystem | None = None) -> None:
+def check_staged(entry: dict, fs: FileSystem | None = None, op: str = "restore") -> None:
     """JournalError unless the staged copy of ``entry`` (absolute paths) is absent or a complete
-    DB: ``CURRENT`` and every live table with its recorded size. Reads only."""
+    DB: ``CURRENT`` and every live table with its recorded size. Reads only. ``op`` ("restore"
+    or RESHARD): the operation whose ``--undo`` the message names."""
     fs = fs or default_fs()
     staged = entry["staged"]
     if not os.path.lexists(staged):
@@ -169,10 +170,10 @@ def check_staged(entry: dict, fs: FileSystem | None = None) -> None:
     except (SieveError, OSError) as exc:
         raise JournalError(f"{entry['name']}: the staged copy {staged} is not complete ({exc}): "
                            f"it is not installed; put the old data back with `sievekv cluster "
-                           f"restore --undo`") from None
+                           f"{op} --undo`") from None
 
 
-def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
+def finish_shard(entry: dict, fs: FileSystem | None = None, op: str = "restore") -> str:
     """Swap one shard (module docstring); ``entry``'s paths absolute (:func:`resolve`).
     Returns "swapped" or "done already". A staged copy that is not complete is refused
     (:func:`check_staged`) before anything is renamed."""
@@ -180,7 +181,7 @@ def finish_shard(entry: dict, fs: FileSystem | None = None) -> str:
     data, staged, backup = entry["data"], entry["staged"], entry["backup"]
     if entry.get("removed"):
         return _retire(fs, entry)
-    check_staged(entry, fs)
+    check_staged(entry, fs, op)
     if not os.path.lexists(staged):
         if not os.path.lexists(data):
             raise JournalError(f"{entry['name']}: neither {staged} nor {data} exists; the "

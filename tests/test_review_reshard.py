@@ -22,11 +22,7 @@ from .test_reshard import Setup, conf, in_process, model_of, shard_contents, tre
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 
-@pytest.mark.xfail(strict=True, reason="reshard_cmd.reshard checks free space (check_room, "
-                   "reshard_cmd.py:240) before it removes a crashed reshard's staged copies "
-                   "(_remove_leftovers, :254): on a disk with room for one rewrite, a reshard "
-                   "killed while staging can never be retried (exit 1 'free X MiB first', the "
-                   "leftovers are not named), although docs/cli.md says the next run removes them")
+# Fixed in session 10; was a strict xfail: the free-space check ran before a crashed reshard's staged copies were removed.
 def test_free_space_is_checked_after_the_leftovers_of_a_crashed_reshard_are_removed(
         tmp_path, monkeypatch):
     s = Setup(tmp_path)
@@ -51,11 +47,7 @@ def test_free_space_is_checked_after_the_leftovers_of_a_crashed_reshard_are_remo
     assert seen == [[]], seen
 
 
-@pytest.mark.xfail(strict=True, reason="the 'next: sievekv cluster start' step printed after a "
-                   "reshard (restore_cmd._config_hint, restore_cmd.py:363, used by "
-                   "reshard_cmd.py:449) names only --config: with --data-dir (or "
-                   "$SIEVEKV_DATA_DIR) following it starts the config's data_dir instead, an "
-                   "empty cluster, not the resharded one")
+# Fixed in session 10; was a strict xfail: the printed next step dropped --data-dir / $SIEVEKV_DATA_DIR.
 def test_next_step_names_the_data_dir_that_was_resharded(tmp_path, capsys):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(100), garbage=False)
@@ -69,12 +61,7 @@ def test_next_step_names_the_data_dir_that_was_resharded(tmp_path, capsys):
     assert "--data-dir" in last and other in last, last
 
 
-@pytest.mark.xfail(strict=True, reason="with shard directories holding keys but no "
-                   "cluster-layout.json (a restore whose layout could not be recorded, copied "
-                   "shard directories), reshard_cmd._old_layout (reshard_cmd.py:165) says 'no "
-                   "cluster was started there ... start the cluster with this config instead': "
-                   "that start records the NEW layout over the old data and its keys are then "
-                   "looked up on the wrong shards")
+# Fixed in session 10; was a strict xfail: no layout record with shard data advised starting with the new config.
 def test_no_layout_with_shard_data_is_not_told_to_start_with_the_new_config(tmp_path, capsys):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(200), garbage=False)
@@ -86,11 +73,7 @@ def test_no_layout_with_shard_data_is_not_told_to_start_with_the_new_config(tmp_
     assert "no cluster was started there" not in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="an old shard directory holding only the engine's LOCK "
-                   "file (a shard killed on its first start before it wrote CURRENT; cluster "
-                   "start opens it as an empty DB) is refused with exit 1 'holds no DB' "
-                   "(reshard_cmd._copy_shard, reshard_cmd.py:343 only treats an empty directory "
-                   "as no keys)")
+# Fixed in session 10; was a strict xfail: an old shard dir holding only LOCK was refused as 'holds no DB'.
 def test_an_old_shard_directory_with_only_a_lock_file_counts_as_no_keys(tmp_path):
     s = Setup(tmp_path)
     model = {k: v for k, v in model_of(300).items() if slot_of(k) < 8192}
@@ -103,12 +86,7 @@ def test_an_old_shard_directory_with_only_a_lock_file_counts_as_no_keys(tmp_path
     assert shard_contents(s.data_dir, s.layout()) == model
 
 
-@pytest.mark.xfail(strict=True, reason="docs/cli.md lists 'a key whose slot is outside its old "
-                   "shard's range' among the refusals with 'nothing changed', but the old shards "
-                   "were opened read-write first (reshard_cmd._copy_shard, reshard_cmd.py:347, "
-                   "DB.open): recovery rewrote their MANIFEST, CURRENT and log before the refusal "
-                   "(also: a read-only or immutable old shard fails as 'cannot write the new "
-                   "shards')")
+# Fixed in session 10; was a strict xfail: a refusal after reading had rewritten the old shards' MANIFEST, CURRENT and log (opened read-write).
 def test_a_refusal_after_reading_leaves_the_old_shards_as_they_were(tmp_path):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(200), garbage=False)  # the last writes are in the logs
@@ -125,11 +103,7 @@ def test_a_refusal_after_reading_leaves_the_old_shards_as_they_were(tmp_path):
     assert after == before
 
 
-@pytest.mark.xfail(strict=True, reason="docs/cli.md: a crash before the journal leaves "
-                   "shard-N.reshard-tmp directories and 'the next cluster reshard removes them'; "
-                   "with the layout kept (the operator gave up on the new one) reshard_cmd.reshard "
-                   "returns 'nothing to move' (reshard_cmd.py:232) before _remove_leftovers "
-                   "(:254): the staged copies (as large as the data) stay, unmentioned")
+# Fixed in session 10; was a strict xfail: 'nothing to move' returned before a crashed reshard's staged copies were removed.
 def test_nothing_to_move_still_removes_a_crashed_reshards_staged_copies(tmp_path, capsys):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(100), garbage=False)
@@ -142,12 +116,7 @@ def test_nothing_to_move_still_removes_a_crashed_reshards_staged_copies(tmp_path
     assert s.left() == []
 
 
-@pytest.mark.xfail(strict=True, reason="a checkpoint taken before a reshard that kept the shard "
-                   "count but moved a boundary is restored into the resharded data directory "
-                   "(exit 0): cluster restore checks only each table's smallest and largest key "
-                   "(restore_cmd._check_slots, restore_cmd.py:253) and a checkpoint records no "
-                   "layout, so the keys of the moved slots land on a shard the router no longer "
-                   "asks: read as absent")
+# Fixed in session 10; was a strict xfail: a checkpoint of the layout before a reshard restored into the new one (exit 0, moved keys unreachable).
 def test_a_checkpoint_of_the_layout_before_a_reshard_is_not_restored_into_the_new_one(
         tmp_path, capsys):
     s = Setup(tmp_path)
@@ -162,6 +131,8 @@ def test_a_checkpoint_of_the_layout_before_a_reshard_is_not_restored_into_the_ne
     assert any(8101 <= slot_of(k) <= 8191 for k in model)  # keys that change shard
     assert reshard_cmd.run(s.config(conf(2, new)), quiet=True) == 0
     code, out, err = in_process(s, capsys, "cluster", "restore", ck, "-q")
+    assert code == 2 and "which this config gives to shard-1" in err, (code, err)  # the fix
+    assert s.left() == [], s.left()  # staged copies removed
     if code == 0:  # restored: every key must be where the router looks for it
         reachable = {}
         for i, (lo, hi) in enumerate(new):
@@ -172,11 +143,7 @@ def test_a_checkpoint_of_the_layout_before_a_reshard_is_not_restored_into_the_ne
         assert code == 2 and "layout" in err, (code, err)
 
 
-@pytest.mark.xfail(strict=True, reason="`cluster reshard --finish` with an incomplete staged copy "
-                   "tells the operator to run `sievekv cluster restore --undo` "
-                   "(restore_journal.check_staged, restore_journal.py:170, shared with restore), "
-                   "which refuses a reshard's journal; the right command is `cluster reshard "
-                   "--undo`")
+# Fixed in session 10; was a strict xfail: reshard --finish with an incomplete staged copy named `cluster restore --undo`.
 def test_finish_of_a_reshard_with_an_incomplete_staged_copy_names_reshard_undo(tmp_path, capsys):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(300), garbage=False)

@@ -35,12 +35,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import shutil
 import signal
 import time
 from dataclasses import dataclass, field
 
-from engine import DB
+from engine import DB, filenames
 from engine.db_copy import describe
 from engine.errors import CorruptionError, LockedError, SieveError
 from engine.vfs import FileSystem
@@ -162,9 +163,21 @@ def _old_layout(cfg: ClusterConfig) -> list[tuple[int, int]]:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise CliError(f"{cfg.data_dir} has no slot layout yet ({path} does not exist: no "
-                       f"cluster was started there): there is nothing to reshard; start the "
-                       f"cluster with this config instead", USAGE) from None
+        held = [n for n in sorted(os.listdir(cfg.data_dir))
+                if re.fullmatch(r"shard-[0-9]+", n) and not is_empty_shard_dir(
+                    os.path.join(cfg.data_dir, n))]
+        if held:
+            # Never advise the new config: its start would record the NEW layout over data
+            # written with another one, and keys would be looked up on the wrong shards.
+            raise CliError(f"{cfg.data_dir} has shard directories holding data ({held[0]}, "
+                           f"...) but no slot layout record ({path} is missing): recreate it "
+                           f"with the slot ranges the data was written with (`sievekv cluster "
+                           f"start` with the config the data was created with writes it; stop "
+                           f"the cluster again), then reshard; nothing was changed",
+                           USAGE) from None
+        raise CliError(f"{cfg.data_dir} has no slot layout yet ({path} does not exist) and no "
+                       f"shard holds data: there is nothing to reshard; start the cluster "
+                       f"with this config instead", USAGE) from None
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot read {path}: {exc}; nothing was changed", ERROR) from None
     return check_layout_doc(doc, path)
@@ -187,6 +200,25 @@ def _check_dirs(cfg: ClusterConfig, shards: list[ShardPlan]) -> None:
                            f"away first; nothing was changed", USAGE)
     rc._check_not_open(cfg, [(p.name, cs.shard_dir(cfg.data_dir, p.index)) for p in shards
                              if p.old is not None])
+
+
+def is_empty_shard_dir(path: str) -> bool:
+    """True if ``path`` holds no keys the engine would open: empty, or no ``CURRENT`` and
+    nothing but the engine's ``LOCK``, manifests and temp files (a shard killed on its first
+    start, before CURRENT: ``cluster start`` opens it as a new, empty DB, engine/recovery.py
+    step 2). A table or a log without CURRENT is not empty: the engine refuses it as damaged."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    empty_kinds = (filenames.FileKind.LOCK, filenames.FileKind.MANIFEST, filenames.FileKind.TEMP)
+    for n in names:
+        parsed = filenames.parse_file_name(n)
+        if parsed is None or parsed[0] not in empty_kinds:
+            return False
+        if not os.path.isfile(os.path.join(path, n)):
+            return False
+    return True
 
 
 def live_bytes(path: str) -> int:
@@ -229,12 +261,16 @@ def reshard(cfg: ClusterConfig, quiet: bool = False) -> int:
     rj.remove_stale_tmp(cfg.data_dir)  # a crash before the journal's rename: nothing swapped
     old = _old_layout(cfg)
     new = [(s.slot_start, s.slot_end) for s in cfg.shards]
+    shards = plan(old, new)
+    if old != new:
+        _check_dirs(cfg, shards)
+    # A crashed reshard's staged copies go before anything else is judged: they take room on
+    # the disk, and "nothing to move" must not leave them (as large as the data) behind.
+    _remove_leftovers(cfg.data_dir)
     if old == new:
         print(f"{cfg.data_dir} has the slot layout of this config already "
               f"({len(new)} shards): nothing to move", flush=True)
         return OK
-    shards = plan(old, new)
-    _check_dirs(cfg, shards)
     changed = [p for p in shards if p.kind != "unchanged"]
     sources = [p for p in changed if p.old is not None]
     check_room(cfg.data_dir, sum(live_bytes(cs.shard_dir(cfg.data_dir, p.index))
@@ -251,7 +287,6 @@ def reshard(cfg: ClusterConfig, quiet: bool = False) -> int:
                         "staged": data + rj.RESHARD_STAGING_SUFFIX,
                         "backup": os.path.join(backup, p.name), "had_data": p.old is not None,
                         "removed": p.new is None})
-    _remove_leftovers(cfg.data_dir)
     try:
         _stage(cfg, shards, entries, new, status, fs)
     except BaseException as exc:
@@ -282,12 +317,20 @@ def _new_backup_dir(data_dir: str, stamp: str) -> str:
     return path
 
 
-def _remove_leftovers(data_dir: str) -> None:
-    """Staged copies of a reshard that crashed before its journal (nothing was swapped)."""
-    for name in os.listdir(data_dir):
+def _remove_leftovers(data_dir: str) -> list[str]:
+    """Remove (and name on stdout, even with -q: data is deleted) the staged copies of a reshard that crashed before
+    its journal (nothing was swapped). REQUIRES: the cluster lock held, no journal. Returns
+    the names removed."""
+    gone = []
+    for name in sorted(os.listdir(data_dir)):
         if name.startswith("shard-") and (name.endswith(rj.RESHARD_STAGING_SUFFIX)
                                           or name.endswith(rj.DISCARD_SUFFIX)):
             shutil.rmtree(os.path.join(data_dir, name))
+            gone.append(name)
+    if gone:
+        print(f"removed what an interrupted reshard left (nothing of it was swapped in): "
+              f"{', '.join(gone)}", flush=True)
+    return gone
 
 
 def _new_options(cfg: ClusterConfig) -> dict:
@@ -340,11 +383,13 @@ def _copy_shard(cfg, p: ShardPlan, dbs, by_index, owner, status) -> None:
     """Scan old shard ``p`` and write each live key to its new owner's staged DB."""
     path = cs.shard_dir(cfg.data_dir, p.index)
     lo, hi = p.old
-    if not os.listdir(path):  # created for a shard that never opened its DB: no keys
+    if is_empty_shard_dir(path):  # a shard that never opened (or never wrote) its DB: no keys
         status.show(_reading_line(p, done=True), final=True)
         return
     try:
-        src = DB.open(path, **rc.engine_options(cfg))
+        # Read-only (engine/read_only.py): recovery replays the logs without writing, so a
+        # refusal after reading (or a crash) leaves the old shard byte for byte as it was.
+        src = DB.open(path, read_only=True, **rc.engine_options(cfg))
     except LockedError:
         raise CliError(f"{p.name}'s data directory is open in another process: stop it first; "
                        f"nothing was resharded", CONFLICT) from None
@@ -406,7 +451,7 @@ def _swap(cfg, entries, backup, old, new, fs) -> None:
         os.makedirs(backup, exist_ok=True)
         fs.sync_dir(cfg.data_dir)
         for e in entries:
-            rj.finish_shard(e, fs)
+            rj.finish_shard(e, fs, rj.RESHARD)
         rj.write_layout(cfg.data_dir, doc["new_layout"], fs)
         rj.remove(cfg.data_dir, fs)
     except (OSError, rj.JournalError) as exc:
