@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from settled_db import fill_settled  # noqa: E402
 
 import engine  # noqa: E402
-from router.cli import restore_cmd  # noqa: E402
+from router.cli import offline, restore_cmd  # noqa: E402
 from router.config import loads  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         path = os.path.join(tmp, "shard-0")
         fill_settled(path, args.keys, table_workers=0)
         best = None
-        with engine.DB.open(path, **restore_cmd.engine_options(cfg)) as db:
+        with engine.DB.open(path, **offline.engine_options(cfg)) as db:
             for _ in range(3):
                 t0 = time.perf_counter()
                 n = restore_cmd.check_every_slot(cfg, spec, db)

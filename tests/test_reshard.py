@@ -174,7 +174,7 @@ def test_reshard_a_real_cluster_2_to_3_then_3_to_1_and_back(lab, tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("shard-0    0-8191 -> 0-2999: ") and "old data in " in lines[0]
     assert lines[2].startswith("shard-2    new (13000-16383): ")
-    assert lines[3].startswith(f"resharded 2 -> 3 shards in {c.data_dir}: "
+    assert lines[3].startswith(f"resharded from 2 shards to 3 shards in {c.data_dir}: "
                                f"{len(model):,} keys rewritten")
     assert lines[3].endswith(f"next: sievekv cluster start --config {c.conf}")
     assert "reading shard-1: done, " in r.stderr
@@ -486,3 +486,68 @@ def test_sigkill_anywhere_then_finish_or_undo_gives_wholly_old_or_wholly_new(tmp
             (backup,) = s.backups()
             assert shard_contents(os.path.join(s.data_dir, backup), old_layout) == model
     assert seen == {True, False}  # kills inside the journal's window and outside it
+
+
+# ---------------------------------------------------------------------------------------------
+# session 10: digest check, bounded staging memtable, progress
+# ---------------------------------------------------------------------------------------------
+
+def test_pair_digest_sum_is_order_independent_and_sees_values_and_the_key_value_split():
+    pairs = [(b"k%d" % i, b"v%d" % i) for i in range(100)]
+
+    def total(ps):
+        return sum(reshard_cmd.pair_digest(k, v) for k, v in ps) % reshard_cmd.DIGEST_MOD
+
+    assert total(pairs) == total(list(reversed(pairs)))
+    assert total(pairs) != total(pairs[:-1] + [(b"k99", b"v98")])
+    assert reshard_cmd.pair_digest(b"ab", b"c") != reshard_cmd.pair_digest(b"a", b"bc")
+
+
+def test_a_value_changed_on_its_way_to_a_new_shard_is_refused_by_the_digest_check(
+        tmp_path, monkeypatch):
+    """Counts match, a value differs: the count check alone would pass it."""
+    s = Setup(tmp_path)
+    s.build(conf(2), model_of(300), garbage=False)
+    before = tree(s.data_dir)
+
+    class FlippingDB:  # the engine, with one value changed in the first batch written
+        @staticmethod
+        def open(path, **options):
+            db = DB.open(path, **options)
+            if path.endswith(rj.RESHARD_STAGING_SUFFIX) and not options.get("read_only"):
+                write = db.write
+
+                def flipped(batch, sync=None):
+                    batch = list(batch)
+                    if not getattr(db, "_flipped", False):
+                        db._flipped = True
+                        batch[0] = (batch[0][0], batch[0][1] + b"!")
+                    return write(batch, sync)
+                db.write = flipped
+            return db
+
+    monkeypatch.setattr(reshard_cmd, "DB", FlippingDB)
+    with pytest.raises(CliError) as ei:
+        reshard_cmd.run(s.config(conf(3)), quiet=True)
+    assert ei.value.code == 1 and "not the same keys and values" in str(ei.value)
+    assert s.left() == []
+    after = tree(s.data_dir)
+    for t in (before, after):
+        t.pop("cluster.lock", None)
+    assert after == before
+
+
+def test_staged_shards_get_a_bounded_memtable_and_progress_names_totals(tmp_path, capsys):
+    s = Setup(tmp_path)
+    model = model_of(500)
+    s.build(conf(2), model, garbage=False)
+    big = conf(3).replace('memtable_bytes = "16KiB"', 'memtable_bytes = "64MiB"')
+    cfg = s.config(big)
+    assert reshard_cmd._new_options(cfg)["memtable_bytes"] == reshard_cmd.STAGING_MEMTABLE_BYTES
+    assert reshard_cmd._new_options(s.config(conf(3)))["memtable_bytes"] == 16 << 10
+    cfg = s.config(big)
+    assert reshard_cmd.run(cfg) == 0
+    err = capsys.readouterr().err
+    assert "writing the new shards' last memtables to tables and checking every new shard" in err
+    assert "checked shard-2: " in err
+    assert shard_contents(s.data_dir, s.layout()) == model

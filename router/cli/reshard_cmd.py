@@ -25,7 +25,7 @@ anything is changed:
    to ``reshard-backup-<UTC>/`` (never deleted), staged DBs into place, a shard the new
    layout drops only moves to the backup, and ``cluster-layout.json`` is replaced (atomic)
    before the journal is removed. ``--finish`` / ``--undo`` settle a reshard a crash
-   interrupted in this step (restore_cmd ``_settle``).
+   interrupted in this step (router/cli/offline.py ``settle``).
 
 Offline only: nothing here talks to a server, and remote shards are not handled.
 """
@@ -41,6 +41,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import mmh3
+
 from engine import DB, filenames
 from engine.db_copy import describe
 from engine.errors import CorruptionError, LockedError, SieveError
@@ -51,8 +53,7 @@ from .. import restore_journal as rj
 from ..config import NUM_SLOTS, ClusterConfig
 from ..humanize import format_bytes, format_count
 from ..slots import slot_of
-from . import restore_cmd as rc
-from . import target
+from . import offline, target
 from .exit_codes import CONFLICT, ERROR, OK, USAGE, CliError
 from .progress import StatusLine
 
@@ -72,16 +73,16 @@ def run(cfg: ClusterConfig, *, finish: bool = False, undo: bool = False,
     """The command on a loaded config: lock, then reshard or settle. Raises CliError."""
     if not os.path.isdir(cfg.data_dir):  # refuse before the lock creates it
         if finish or undo:
-            raise CliError(rc._nothing_to_settle(cfg, rj.RESHARD), USAGE)
+            raise CliError(offline.nothing_to_settle(cfg, rj.RESHARD), USAGE)
         raise CliError(f"{cfg.data_dir} is not a data directory yet (no cluster was started "
                        f"there): there is nothing to reshard; start the cluster with this "
                        f"config instead", USAGE)
-    lock = rc._take_lock(cfg)
+    lock = offline.take_lock(cfg)
     try:
         rj.mark_running(cfg.data_dir, None, rj.RESHARD)
         try:
             if finish or undo:
-                return rc._settle(cfg, undo=undo, op=rj.RESHARD)
+                return offline.settle(cfg, undo=undo, op=rj.RESHARD)
             return reshard(cfg, quiet=quiet)
         finally:
             rj.unmark_running(cfg.data_dir)
@@ -107,6 +108,8 @@ class ShardPlan:
     bytes_after: int = 0
     moved_out: int = 0  # keys read here that another shard owns now
     to: dict = field(default_factory=dict)  # new index -> keys this old shard sent there
+    digest_after: int = 0  # pair_digest sum of the (key, value) pairs written to this new shard
+    entries_at_most: int = 0  # the old shard's entries before reading (stats: tables + memtable)
 
     @property
     def name(self) -> str:
@@ -198,7 +201,7 @@ def _check_dirs(cfg: ClusterConfig, shards: list[ShardPlan]) -> None:
             raise CliError(f"{path} exists, but the recorded layout has only "
                            f"{p.index} shards: it would be replaced by the new {p.name}; move it "
                            f"away first; nothing was changed", USAGE)
-    rc._check_not_open(cfg, [(p.name, cs.shard_dir(cfg.data_dir, p.index)) for p in shards
+    offline.check_not_open(cfg, [(p.name, cs.shard_dir(cfg.data_dir, p.index)) for p in shards
                              if p.old is not None])
 
 
@@ -333,9 +336,26 @@ def _remove_leftovers(data_dir: str) -> list[str]:
     return gone
 
 
+STAGING_MEMTABLE_BYTES = 4 << 20
+DIGEST_MOD = 1 << 128
+
+
+def pair_digest(key: bytes, value: bytes) -> int:
+    """A 128-bit hash of one (key, value) pair (length-prefixed key, so that the split of
+    key and value is part of it). Summed mod 2**128 it is a digest of a set of pairs that
+    does not depend on their order: the count check compares the sum written to a new shard
+    with the sum read back from it."""
+    return mmh3.hash128(len(key).to_bytes(4, "little") + key + value, signed=False)
+
+
 def _new_options(cfg: ClusterConfig) -> dict:
-    """The config's engine options for a new shard DB; no worker processes in the CLI."""
-    return dict(cfg.engine, table_workers=0, create_if_missing=True, error_if_exists=True)
+    """The config's engine options for a new shard DB; no worker processes in the CLI. Every
+    new shard's DB is open at once while the old shards are read, so each gets a memtable of
+    at most STAGING_MEMTABLE_BYTES (4 MiB), not the config's (the server uses the config's)."""
+    opts = dict(cfg.engine, table_workers=0, create_if_missing=True, error_if_exists=True)
+    opts["memtable_bytes"] = min(opts.get("memtable_bytes", STAGING_MEMTABLE_BYTES),
+                                 STAGING_MEMTABLE_BYTES)
+    return opts
 
 
 def _stage(cfg, shards, entries, new, status, fs) -> None:
@@ -350,6 +370,9 @@ def _stage(cfg, shards, entries, new, status, fs) -> None:
             if p.kind == "unchanged" or p.old is None:
                 continue
             _copy_shard(cfg, p, dbs, by_index, owner, status)
+        total = sum(by_index[i].keys_after for i in dbs)
+        status.show(f"writing the new shards' last memtables to tables and checking every "
+                    f"new shard ({format_count(total)} keys)", final=True)
         for i in list(dbs):
             dbs[i].flush()
             dbs.pop(i).close()
@@ -359,17 +382,27 @@ def _stage(cfg, shards, entries, new, status, fs) -> None:
                 db.close()
             except Exception:  # noqa: BLE001 - the first failure is the one to report
                 pass
-    # Count check: each staged DB opened again holds what was written to it.
+    # Count check: each staged DB opened again holds what was written to it: as many keys, and
+    # the same (key, value) pairs (an order-independent digest, pair_digest).
     read = sum(p.keys_before for p in shards if p.kind != "unchanged")
     written = 0
     for i, path in staged.items():
         p = by_index[i]
-        with DB.open(path, **rc.engine_options(cfg)) as db:
-            n = sum(1 for _ in db.scan())
+        n = digest = 0
+        with DB.open(path, read_only=True, **offline.engine_options(cfg)) as db:
+            for key, value in db.scan():
+                n += 1
+                digest += pair_digest(key, value)
         if n != p.keys_after:
             raise CliError(f"{p.name}: {format_count(p.keys_after)} keys were written to its "
                            f"new copy, which holds {format_count(n)}: nothing was resharded "
                            f"(the staged copies are removed)", ERROR)
+        if digest % DIGEST_MOD != p.digest_after:
+            raise CliError(f"{p.name}: its new copy holds {format_count(n)} keys as written, "
+                           f"but not the same keys and values (digest of the pairs read back "
+                           f"differs): nothing was resharded (the staged copies are removed)",
+                           ERROR)
+        status.show(f"checked {p.name}: {format_count(n)} keys, the pairs written", final=True)
         written += n
         fs.sync_dir(path)
     if written != read:
@@ -389,7 +422,7 @@ def _copy_shard(cfg, p: ShardPlan, dbs, by_index, owner, status) -> None:
     try:
         # Read-only (engine/read_only.py): recovery replays the logs without writing, so a
         # refusal after reading (or a crash) leaves the old shard byte for byte as it was.
-        src = DB.open(path, read_only=True, **rc.engine_options(cfg))
+        src = DB.open(path, read_only=True, **offline.engine_options(cfg))
     except LockedError:
         raise CliError(f"{p.name}'s data directory is open in another process: stop it first; "
                        f"nothing was resharded", CONFLICT) from None
@@ -398,6 +431,9 @@ def _copy_shard(cfg, p: ShardPlan, dbs, by_index, owner, status) -> None:
     batches: dict[int, list] = {}
     sizes: dict[int, int] = {}
     try:
+        st = src.stats()
+        p.entries_at_most = (sum(lv["entries"] - lv["tombstones"] for lv in st["levels"])
+                             + st["memtable"]["entries"])  # (read-only: no frozen memtable)
         for key, value in src.scan():
             slot = slot_of(key)
             if not lo <= slot <= hi:
@@ -412,6 +448,7 @@ def _copy_shard(cfg, p: ShardPlan, dbs, by_index, owner, status) -> None:
             dst = by_index[j]
             dst.keys_after += 1
             dst.bytes_after += n
+            dst.digest_after = (dst.digest_after + pair_digest(key, value)) % DIGEST_MOD
             if j != p.index:
                 p.moved_out += 1
             b = batches.setdefault(j, [])
@@ -433,7 +470,11 @@ def _reading_line(p: ShardPlan, done: bool = False) -> str:
     head = (f"reading {p.name}: {'done, ' if done else ''}{format_count(p.keys_before)} keys, "
             f"{format_bytes(p.bytes_before)}")
     if not done:
-        return head
+        # The old shard's entries (overwritten versions and deletions included) bound its keys
+        # from above: the percentage is a lower bound of the progress.
+        most = max(p.entries_at_most, p.keys_before, 1)
+        return (f"{head} ({min(100, 100 * p.keys_before // most)}% of at most "
+                f"{format_count(most)} entries)")
     to = ", ".join(f"shard-{j} {format_count(n)}" for j, n in sorted(p.to.items()))
     return f"{head} -> {to or 'none'} ({format_count(p.moved_out)} moved to another shard)"
 
@@ -467,6 +508,10 @@ def _swap(cfg, entries, backup, old, new, fs) -> None:
     rj.remove_empty_backup(cfg.data_dir, doc)
 
 
+def _shards(n: int) -> str:
+    return f"{n} shard{'' if n == 1 else 's'}"
+
+
 def _report(cfg, shards, entries, backup, old, new) -> None:
     where = {e["name"]: e["backup"] for e in entries}
 
@@ -489,6 +534,6 @@ def _report(cfg, shards, entries, backup, old, new) -> None:
         print(f"{p.name:<10} {line}", flush=True)
     read = sum(p.keys_before for p in shards)
     moved = sum(p.moved_out for p in shards)
-    print(f"resharded {len(old)} -> {len(new)} shards in {cfg.data_dir}: {format_count(read)} "
-          f"keys rewritten, {format_count(moved)} moved to another shard; next: sievekv cluster "
-          f"start{rc._config_hint(cfg)}", flush=True)
+    print(f"resharded from {_shards(len(old))} to {_shards(len(new))} in {cfg.data_dir}: "
+          f"{format_count(read)} keys rewritten, {format_count(moved)} moved to another shard; "
+          f"next: sievekv cluster start{offline.config_hint(cfg)}", flush=True)

@@ -26,7 +26,8 @@ Steps, each refusing with one line before anything is changed:
    ``<data_dir>/restore-backup-<UTC time>/shard-N`` and the staged copy into its place (Ctrl-C
    is ignored for these renames), sync, remove the journal, record the layout.
 
-``--finish`` / ``--undo`` settle a restore a crash interrupted in step 6.
+``--finish`` / ``--undo`` settle a restore a crash interrupted in step 6 (router/cli/offline.py
+``settle``, shared with ``cluster reshard``).
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 
 from engine import DB, filenames, verify
 from engine.db_copy import IncompleteError, copy_db, describe
-from engine.errors import CorruptionError, LockedError, SieveError, StorageIOError
+from engine.errors import CorruptionError, SieveError, StorageIOError
 from engine.checkpoint import STAGING_SUFFIX as CHECKPOINT_STAGING_SUFFIX
 from engine.progress import Progress
 from engine.vfs import FileSystem
@@ -52,8 +52,8 @@ from .. import restore_journal as rj
 from ..config import ClusterConfig
 from ..humanize import format_bytes, format_count
 from ..slots import slot_of
-from . import target
-from .exit_codes import CONFLICT, ERROR, OK, USAGE, CliError
+from . import offline, target
+from .exit_codes import ERROR, OK, USAGE, CliError
 from .progress import StatusLine
 
 
@@ -71,14 +71,14 @@ def cmd_restore(args) -> int:
     plan = None
     if not os.path.lexists(cfg.data_dir):  # refuse before the lock creates it
         if base is None:
-            raise CliError(_nothing_to_settle(cfg), USAGE)
+            raise CliError(offline.nothing_to_settle(cfg), USAGE)
         plan = check_checkpoint(cfg, base, FileSystem())
-    lock = _take_lock(cfg)
+    lock = offline.take_lock(cfg)
     try:
         rj.mark_running(cfg.data_dir, base)
         try:
             if base is None:
-                return _settle(cfg, undo=args.undo)
+                return offline.settle(cfg, undo=args.undo)
             return _restore(cfg, base, args, plan)
         finally:
             rj.unmark_running(cfg.data_dir)
@@ -86,33 +86,6 @@ def cmd_restore(args) -> int:
         lock.release()
 
 
-def _nothing_to_settle(cfg: ClusterConfig, op: str = "restore") -> str:
-    return (f"{cfg.data_dir} holds no interrupted {op} ({rj.journal_path(cfg.data_dir)} "
-            f"does not exist); nothing to do")
-
-
-def _take_lock(cfg: ClusterConfig):
-    """The cluster lock, held by this command (lifecycle's check, keeping the lock)."""
-    path = cs.lock_path(cfg.data_dir)
-    try:
-        os.makedirs(cfg.data_dir, exist_ok=True)
-        return FileSystem().lock(path)
-    except LockedError:
-        other = rj.running(cfg.data_dir)
-        if other:
-            raise CliError(f"data directory {cfg.data_dir} is locked by "
-                           f"{rj.running_line(other)}: wait for it to end; nothing was changed",
-                           CONFLICT) from None
-        raise CliError(f"data directory {cfg.data_dir} is locked by a running cluster; stop it "
-                       f"first with `sievekv cluster stop`; nothing was changed",
-                       CONFLICT) from None
-    except OSError as exc:
-        raise CliError(f"cannot open the cluster lock {path}: {cs.os_reason(exc)}",
-                       USAGE if cs.unusable_data_dir(exc) else ERROR) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# checks (nothing changed)
 # ---------------------------------------------------------------------------------------------
 
 def _check_data_dir(cfg: ClusterConfig) -> None:
@@ -128,7 +101,8 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
                            f"data directory's disk and move the link into the backup; replace "
                            f"the link with a directory (or restore into its target by hand); "
                            f"nothing was changed", USAGE)
-    _check_not_open(cfg, [(s.name, cs.shard_dir(cfg.data_dir, s.index)) for s in cfg.shards])
+    offline.check_not_open(cfg, [(s.name, cs.shard_dir(cfg.data_dir, s.index))
+                                 for s in cfg.shards])
     try:
         recorded = _recorded_layout(cfg)
     except preflight.PreflightError as exc:
@@ -140,23 +114,6 @@ def _check_data_dir(cfg: ClusterConfig) -> None:
                        f"one); nothing was changed", USAGE)
 
 
-def _check_not_open(cfg: ClusterConfig, dirs: list[tuple[str, str]]) -> None:
-    """CONFLICT if a shard process run by hand (outside the supervisor) has one of ``dirs``
-    ((shard name, directory)) open: its engine LOCK is held."""
-    for name, path in dirs:
-        lock = os.path.join(path, filenames.LOCK)
-        if not os.path.exists(lock):
-            continue
-        try:
-            FileSystem().lock(lock).release()
-        except LockedError:
-            raise CliError(f"{name}'s data directory is open in another process (its "
-                           f"{lock} is locked): stop it first; nothing was changed",
-                           CONFLICT) from None
-        except OSError:
-            pass  # not ours to judge here: staging or the swap reports real trouble
-
-
 def _recorded_layout(cfg: ClusterConfig) -> dict | None:
     path = os.path.join(cfg.data_dir, cs.LAYOUT_FILE)
     try:
@@ -166,10 +123,6 @@ def _recorded_layout(cfg: ClusterConfig) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         raise preflight.PreflightError(f"cannot read {path}: {exc}", "config") from None
-
-
-def _layout_ranges(layout: dict) -> str:
-    return ",".join(f"{lo}-{hi}" for lo, hi in layout.get("slots", []))
 
 
 def _ranges(cfg: ClusterConfig) -> str:
@@ -361,7 +314,7 @@ def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> i
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(cfg.data_dir, doc)
-    _record_layout(cfg)
+    offline.record_layout(cfg)
     for e in entries:
         r = reports[e["name"]]
         n = r["tables"]
@@ -371,16 +324,8 @@ def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> i
               f"{format_bytes(r['bytes'])} ({format_count(r['linked'])} linked, "
               f"{format_count(r['copied'])} copied{check}); {where}", flush=True)
     print(f"restored {len(entries)} shards from {base} into {cfg.data_dir}; next: "
-          f"sievekv cluster start{_config_hint(cfg)}", flush=True)
+          f"sievekv cluster start{offline.config_hint(cfg)}", flush=True)
     return OK
-
-
-def _record_layout(cfg: ClusterConfig) -> None:
-    """Write cluster-layout.json in a new data directory (``cluster start`` would too)."""
-    try:
-        preflight.check_layout(cfg)
-    except (OSError, preflight.PreflightError) as exc:
-        print(f"sievekv: warning: the layout was not recorded: {exc}", file=sys.stderr)
 
 
 def _new_backup_dir(data_dir: str, stamp: str) -> str:
@@ -392,37 +337,10 @@ def _new_backup_dir(data_dir: str, stamp: str) -> str:
     return path
 
 
-def _config_hint(cfg: ClusterConfig) -> str:
-    """The options of the printed ``next: sievekv cluster start``: ``--config`` unless the
-    default config, and ``--data-dir`` when the data directory is not the config's own (given
-    by --data-dir or $SIEVEKV_DATA_DIR): without it the start would open another directory."""
-    import shlex
-
-    from ..config import DEFAULT_CONFIG_NAME, ConfigError, load
-
-    hint = "" if cfg.source == DEFAULT_CONFIG_NAME else f" --config {shlex.quote(cfg.source)}"
-    try:
-        own = load(None if cfg.source == DEFAULT_CONFIG_NAME else cfg.source,
-                   check_filters=False).data_dir
-    except (ConfigError, OSError):
-        own = None  # the config cannot be read again: name the directory to be safe
-    if own != cfg.data_dir:
-        hint += f" --data-dir {shlex.quote(cfg.data_dir)}"
-    return hint
-
-
-def engine_options(cfg: ClusterConfig) -> dict:
-    """The config's engine options for opening a staged copy: no compaction may rewrite it
-    while it is checked, no worker processes, and nothing is created where CURRENT is missing."""
-    opts = dict(cfg.engine)
-    opts.update(disable_auto_compactions=True, table_workers=0, create_if_missing=False)
-    return opts
-
-
 def _verify(cfg: ClusterConfig, e: dict, status: StatusLine) -> None:
     name = e["name"]
     try:
-        db = DB.open(e["staged"], **engine_options(cfg))
+        db = DB.open(e["staged"], **offline.engine_options(cfg))
     except StorageIOError as exc:  # writing the staged copy's log or manifest: the data disk
         raise CliError(f"cannot open the staged copy of {name} in {cfg.data_dir}: {exc} (the "
                        f"data directory's disk, not the checkpoint); nothing was restored",
@@ -503,91 +421,3 @@ class _Shown:
                                  final=True)
         return False
 
-
-# ---------------------------------------------------------------------------------------------
-# --finish / --undo
-# ---------------------------------------------------------------------------------------------
-
-def _settle(cfg: ClusterConfig, undo: bool, op: str = "restore") -> int:
-    """``cluster restore --finish/--undo`` (``op`` "restore") or ``cluster reshard
-    --finish/--undo`` (``op`` "reshard"): the journal must be of that operation."""
-    rj.remove_stale_tmp(cfg.data_dir)  # a crash before the journal's rename: nothing swapped
-    try:
-        doc = rj.read(cfg.data_dir)
-    except rj.JournalError as exc:
-        raise CliError(str(exc), ERROR) from None
-    if doc is None:
-        raise CliError(_nothing_to_settle(cfg, op), USAGE)
-    jpath = rj.journal_path(cfg.data_dir)
-    if rj.operation(doc) != op:
-        other = rj.operation(doc)
-        raise CliError(f"{jpath} is the journal of an interrupted `sievekv cluster {other}`, "
-                       f"not of a {op}: settle it with `sievekv cluster {other} --finish` or "
-                       f"`--undo`; nothing was changed", USAGE)
-    entries = [rj.resolve(cfg.data_dir, e) for e in doc["shards"]]
-    root = os.path.join(os.path.realpath(cfg.data_dir), "")
-    outside = [e["data"] for e in entries
-               if not os.path.join(os.path.realpath(os.path.dirname(e["data"])), "")
-               .startswith(root)]
-    gone = [e["data"] for e in entries if e.get("had_data")
-            and not (os.path.lexists(e["data"]) or os.path.lexists(e["backup"]))]
-    if outside or gone:
-        raise CliError(f"the journal {jpath} names {(outside or gone)[0]}, which "
-                       f"{'is outside' if outside else 'is gone and has no backup in'} "
-                       f"{cfg.data_dir}: the journal's paths are gone (was the data directory "
-                       f"moved?); settle it by hand; nothing was changed", ERROR)
-    _check_not_open(cfg, [(e["name"], p) for e in entries
-                          for p in (e["data"], e["staged"], e["backup"])])
-    fs = FileSystem()
-    if not undo:
-        if doc.get("undo_started"):
-            raise CliError(f"a `sievekv cluster {op} --undo` of this {op} began at "
-                           f"{doc['undo_started']}: run `sievekv cluster {op} --undo` again "
-                           f"to complete it (journal {jpath} kept)", USAGE)
-        for e in entries:  # before any rename: a copy that is not complete is never installed
-            try:
-                rj.check_staged(e, fs, op)
-            except rj.JournalError as exc:
-                raise CliError(f"{exc} (journal {jpath} kept)", ERROR) from None
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if undo and not doc.get("undo_started"):
-            doc = dict(doc, undo_started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-            rj.write(cfg.data_dir, doc, fs)  # from here on --finish refuses
-        for e in entries:
-            try:
-                how = rj.undo_shard(e, fs) if undo else rj.finish_shard(e, fs, op)
-            except rj.JournalError as exc:
-                raise CliError(f"{exc} (journal {jpath} kept)", ERROR) from None
-            print(f"{e['name']:<10} {how}", flush=True)
-        if op == rj.RESHARD:  # the layout that goes with the data, before the journal goes
-            rj.write_layout(cfg.data_dir, doc["old_layout" if undo else "new_layout"], fs)
-        rj.remove(cfg.data_dir, fs)
-    except OSError as exc:  # StorageIOError too: a rename, a deletion, the journal's rewrite
-        raise CliError(f"cannot {'undo' if undo else 'finish'} the {op} in {cfg.data_dir}: "
-                       f"{exc}; run it again once that is fixed (journal {jpath} kept)",
-                       ERROR) from None
-    finally:
-        signal.signal(signal.SIGINT, old)
-    rj.remove_empty_backup(cfg.data_dir, doc)
-    if op == rj.RESHARD:
-        backup = os.path.join(cfg.data_dir, doc["backup"])
-        if undo:
-            print(f"the reshard is undone: {cfg.data_dir} holds the data and the slot layout "
-                  f"({_layout_ranges(doc['old_layout'])}) it held before", flush=True)
-        else:
-            kept = backup if os.path.isdir(backup) else "(there was none)"
-            print(f"the reshard is finished: {cfg.data_dir} holds the slot layout "
-                  f"{_layout_ranges(doc['new_layout'])}; old data in {kept}; next: sievekv "
-                  f"cluster start{_config_hint(cfg)}", flush=True)
-        return OK
-    if undo:
-        print(f"the restore from {doc['checkpoint']} is undone: {cfg.data_dir} holds the data "
-              f"it held before", flush=True)
-    else:
-        _record_layout(cfg)
-        backup = os.path.join(cfg.data_dir, doc["backup"])
-        kept = backup if os.path.isdir(backup) else "(there was none)"
-        print(f"the restore from {doc['checkpoint']} is finished; old data in {kept}; next: "
-              f"sievekv cluster start{_config_hint(cfg)}", flush=True)
-    return OK
