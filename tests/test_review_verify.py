@@ -187,8 +187,8 @@ def big_db_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("bigdb") / "db")
     db = DB.open(d, table_workers=0, memtable_bytes=2 << 20)
     rng = random.Random(3)
-    for i in range(250000):
-        db.put(b"k%07d" % rng.randrange(10 ** 7), b"v" * 100)
+    for _ in range(250):  # batches: the same keys and values as 250,000 puts, ~4x faster
+        db.write([(b"k%07d" % rng.randrange(10 ** 7), b"v" * 100) for _ in range(1000)])
     db.flush()
     db.close()
     return d
@@ -430,8 +430,8 @@ def slow_db_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("slowdb") / "db")
     db = DB.open(d, table_workers=0, memtable_bytes=2 << 20, block_size=256)
     rng = random.Random(3)
-    for _ in range(150000):
-        db.put(b"k%07d" % rng.randrange(10 ** 7), b"v" * 100)
+    for _ in range(150):  # batches: the same keys and values as 150,000 puts, ~4x faster
+        db.write([(b"k%07d" % rng.randrange(10 ** 7), b"v" * 100) for _ in range(1000)])
     db.flush()
     db.close()
     return d
