@@ -291,11 +291,11 @@ class FaultInjectionFS(FileSystem):
             self._track_dir(os.path.dirname(os.path.abspath(path)))
             super().rmdir(path)
 
-    def lock(self, path: str):
+    def lock(self, path: str, *, create: bool = True):
         """As FileSystem.lock; :meth:`crash` releases every lock taken here, as the kernel
         does when a process dies."""
         self._alive()
-        held = super().lock(path)
+        held = super().lock(path, create=create)
         with self._mu:
             self._held_locks.append(held)
         return held

@@ -5,9 +5,13 @@ and must leave it exactly as it was, also when it then refuses.
 
 Contract:
 
-- ``LOCK`` is taken (flock) as by a normal open, so a process that has the DB open makes this
-  open fail with LockedError, and nobody opens it for writing meanwhile. (An existing LOCK
-  file is opened, not written; a missing one is created: the only file this open may create.)
+- ``LOCK``, if present, is opened read-only and flock'ed as by a normal open, so a process
+  that has the DB open makes this open fail with LockedError, and nobody opens it for writing
+  meanwhile. A directory without ``LOCK`` (a checkpoint, a copy staged by ``cluster restore
+  --no-verify``) is opened without a lock and without creating one: no process has it open
+  (every writable open creates ``LOCK``), but a writer that opens it meanwhile is not kept
+  out, so a caller that needs that holds its own lock (``cluster reshard`` holds the
+  cluster's). Nothing at all is created, not even ``LOCK``.
 - ``CURRENT`` must exist (InvalidArgumentError "holds no DB" otherwise: nothing is created).
 - The manifest is read (:meth:`Manifest.recover` with ``read_only=True``): no new manifest,
   no ``CURRENT`` switch, no append.
@@ -17,8 +21,10 @@ Contract:
   every file's bytes and mtime stay as they were. The memtable holds all the logs' writes, so
   the memory used is about the size of the unflushed writes (a DB closed cleanly has at most a
   memtable's worth).
-- No background thread runs. Reads (get, multi_get, scan, verify, stats) work as usual; put,
-  delete, write, flush, compact and checkpoint raise :class:`ReadOnlyError`.
+- No flush or compaction thread runs (the table set's unref thread does, engine/table_set.py:
+  it only closes tables a read state no longer lists; ``close()`` joins it). Reads (get,
+  multi_get, scan, verify, stats) work as usual; put, delete, write, flush, compact and
+  checkpoint raise :class:`ReadOnlyError`.
 - ``close()`` releases the tables, the manifest and the lock; it writes nothing.
 
 Only the thread that calls ``open`` runs the recovery, before the DB is shared.
@@ -26,12 +32,21 @@ Only the thread that calls ``open`` runs the recovery, before the DB is shared.
 
 from __future__ import annotations
 
+import errno
+
 from . import filenames
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, StorageIOError
 from .manifest import Manifest
 from .memtable import MemTable
 from .recovery import RecoveredState
 from .wal import decode_batch, read_log
+
+
+class _NoLock:
+    """The lock of a directory without ``LOCK`` (module docstring): nothing to release."""
+
+    def release(self) -> None:
+        pass
 
 
 class ReadOnlyError(InvalidArgumentError):
@@ -44,7 +59,12 @@ def recover_read_only(fs, path: str) -> RecoveredState:
     if not fs.exists(filenames.current_file_name(path)):
         raise InvalidArgumentError(f"{path} holds no DB (no {filenames.CURRENT}; read_only=True "
                                    f"creates nothing)")
-    lock = fs.lock(filenames.lock_file_name(path))
+    try:
+        lock = fs.lock(filenames.lock_file_name(path), create=False)
+    except StorageIOError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+        lock = _NoLock()
     try:
         manifest = Manifest.recover(fs, path, read_only=True)
         try:

@@ -306,8 +306,10 @@ class FileSystem:
         except OSError as exc:
             raise _io_error(exc, "stat", path) from exc
 
-    def lock(self, path: str) -> FileLock:
-        """Take an exclusive, non-blocking flock on ``path`` (created if missing).
+    def lock(self, path: str, *, create: bool = True) -> FileLock:
+        """Take an exclusive, non-blocking flock on ``path`` (created if missing; with
+        ``create=False`` the file is opened read-only, which flock allows, and a missing file
+        raises StorageIOError with errno ENOENT: nothing is created).
 
         Raises LockedError if another process, or another holder in this process, has it.
         """
@@ -315,8 +317,9 @@ class FileSystem:
         with self._locks_mu:
             if real in self._locks:
                 raise LockedError(f"{path} is already locked by this process")
+            flags = (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
             except OSError as exc:
                 raise _io_error(exc, "open lock file", path) from exc
             try:

@@ -51,7 +51,6 @@ import time
 
 import psutil
 
-from engine.db_copy import describe
 from engine.errors import SieveError
 from engine.vfs import FileSystem, default_fs
 
@@ -165,6 +164,9 @@ def check_staged(entry: dict, fs: FileSystem | None = None, op: str = "restore")
     staged = entry["staged"]
     if not os.path.lexists(staged):
         return
+    # Imported here: engine.db_copy loads the manifest and log readers (and numpy), and every
+    # `sievekv` command imports this module through lifecycle/status (~0.15 s CPU each).
+    from engine.db_copy import describe
     try:
         describe(fs, staged)
     except (SieveError, OSError) as exc:

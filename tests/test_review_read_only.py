@@ -1,5 +1,5 @@
 """Review of ``DB.open(path, read_only=True)`` (engine/read_only.py) and its use by ``cluster
-reshard``: findings as strict xfails.
+reshard``: findings, first pinned as strict xfails, now fixed.
 
 Engine tests build a DB in tmp_path and open it in this process; the reshard test drives
 router/cli/reshard_cmd.py in this process (tests/test_reshard.py ``Setup``). No server is started.
@@ -34,11 +34,9 @@ def _checkpoint(tmp_path) -> str:
     return ck
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/read_only.py:47 takes the lock with FileSystem.lock, which opens LOCK with O_CREAT "
-    "(engine/vfs.py:319): a read-only open of a directory without LOCK (a checkpoint, a shard "
-    "restored with --no-verify) creates LOCK and changes the directory; docs/cli.md says the "
-    "read-only open writes nothing and leaves the old shards byte for byte as they were"))
+# Fixed in session 10; was a strict xfail: a read-only open created LOCK (FileSystem.lock used
+# O_CREAT) in a directory without one; it now flocks an existing LOCK opened read-only and
+# takes no lock where there is none (engine/read_only.py contract).
 def test_read_only_open_of_a_directory_without_lock_creates_no_file(tmp_path):
     ck = _checkpoint(tmp_path)
     names, dir_mtime = sorted(os.listdir(ck)), os.stat(ck).st_mtime_ns
@@ -48,9 +46,8 @@ def test_read_only_open_of_a_directory_without_lock_creates_no_file(tmp_path):
     assert os.stat(ck).st_mtime_ns == dir_mtime
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the same LOCK creation seen from cluster reshard: old shards without LOCK (restored with "
-    "--no-verify) gain one when the reshard refuses after reading them"))
+# Fixed in session 10; was a strict xfail: the same LOCK creation seen from cluster reshard:
+# old shards without LOCK (restored with --no-verify) gained one when the reshard refused.
 def test_a_reshard_refusal_leaves_old_shards_without_lock_as_they_were(tmp_path):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(200), garbage=False)
@@ -70,14 +67,14 @@ def test_a_reshard_refusal_leaves_old_shards_without_lock_as_they_were(tmp_path)
     assert after == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/read_only.py:20 says 'No background thread runs', but DB._publish "
-    "(engine/db.py:617) -> ReadState.build -> TableSet.ref (engine/table_set.py:124) starts "
-    "the 'sievekv-unref' thread at open (it writes nothing and is joined by close)"))
-def test_read_only_open_starts_no_thread(tmp_path):
+# Fixed in session 10; was a strict xfail: the contract said "No background thread runs", but
+# the table set's unref thread starts at open. The contract now says no flush or compaction
+# thread runs (the unref thread only closes tables, and close joins it); this checks that.
+def test_read_only_open_starts_no_flush_or_compaction_thread(tmp_path):
     ck = _checkpoint(tmp_path)
     before = set(threading.enumerate())
     with DB.open(ck, read_only=True, table_workers=0) as db:
         db.get(b"k001")
         started = [t.name for t in set(threading.enumerate()) - before]
-    assert started == []
+    assert all(name.startswith("sievekv-unref") for name in started), started
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
