@@ -500,10 +500,10 @@ def _restore_failing_at_the_second_swap(o, tmp_path, monkeypatch, *args):
     make_checkpoint(ck, even_slot_ranges(2), new, str(tmp_path))
     real = rj.finish_shard
 
-    def failing(entry, fs=None):
+    def failing(entry, fs=None, op="restore"):
         if entry["name"] == "shard-1":
             raise OSError(5, "Input/output error (injected)")
-        return real(entry, fs)
+        return real(entry, fs, op)
 
     monkeypatch.setattr(restore_cmd.rj, "finish_shard", failing)
     assert app.main(["cluster", "restore", ck, *args, "--config", o.conf]) == 1

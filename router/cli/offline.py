@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -190,3 +191,36 @@ def settle(cfg: ClusterConfig, undo: bool, op: str = "restore") -> int:
         print(f"the restore from {doc['checkpoint']} is finished; old data in {kept}; next: "
               f"sievekv cluster start{config_hint(cfg)}", flush=True)
     return OK
+
+
+def swap(cfg: ClusterConfig, doc: dict, entries: list[dict], backup: str, fs: FileSystem,
+         op: str = "restore", new_layout: dict | None = None) -> None:
+    """The swap of ``cluster restore`` or ``cluster reshard`` (``op``) under its journal:
+    write the journal ``doc``, make the ``backup`` directory, move each entry's old data there
+    and its staged copy into place (restore_journal.finish_shard), write ``new_layout`` if
+    given, remove the journal, then an empty backup directory. Ctrl-C is ignored meanwhile
+    (a few renames). Raises CliError (ERROR): before the journal was written the staged
+    copies are removed and nothing changed; after it, the journal stays for ``--finish`` /
+    ``--undo`` and the message says so."""
+    done = "restored" if op == "restore" else "resharded"
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a few renames: not cut in between
+    try:
+        rj.write(cfg.data_dir, doc, fs)
+        os.makedirs(backup, exist_ok=True)
+        fs.sync_dir(cfg.data_dir)
+        for e in entries:
+            rj.finish_shard(e, fs, op)
+        if new_layout is not None:
+            rj.write_layout(cfg.data_dir, new_layout, fs)
+        rj.remove(cfg.data_dir, fs)
+    except (OSError, rj.JournalError) as exc:
+        if not os.path.lexists(rj.journal_path(cfg.data_dir)):  # failed before the journal
+            for e in entries:
+                shutil.rmtree(e["staged"], ignore_errors=True)
+            raise CliError(f"cannot write the {op} journal in {cfg.data_dir}: {exc}; nothing "
+                           f"was {done}", ERROR) from None
+        raise CliError(f"{op} stopped while swapping directories: {exc}; "
+                       f"{rj.refusal(cfg.data_dir)}", ERROR) from None
+    finally:
+        signal.signal(signal.SIGINT, old)
+    rj.remove_empty_backup(cfg.data_dir, doc)

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -486,26 +485,7 @@ def _swap(cfg, entries, backup, old, new, fs) -> None:
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "old_layout": {"slots": [list(r) for r in old]},
            "new_layout": {"slots": [list(r) for r in new]}, "shards": rel}
-    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a few renames: not cut in between
-    try:
-        rj.write(cfg.data_dir, doc, fs)
-        os.makedirs(backup, exist_ok=True)
-        fs.sync_dir(cfg.data_dir)
-        for e in entries:
-            rj.finish_shard(e, fs, rj.RESHARD)
-        rj.write_layout(cfg.data_dir, doc["new_layout"], fs)
-        rj.remove(cfg.data_dir, fs)
-    except (OSError, rj.JournalError) as exc:
-        if not os.path.lexists(rj.journal_path(cfg.data_dir)):  # failed before the journal
-            for e in entries:
-                shutil.rmtree(e["staged"], ignore_errors=True)
-            raise CliError(f"cannot write the reshard journal in {cfg.data_dir}: {exc}; nothing "
-                           f"was resharded", ERROR) from None
-        raise CliError(f"reshard stopped while swapping directories: {exc}; "
-                       f"{rj.refusal(cfg.data_dir)}", ERROR) from None
-    finally:
-        signal.signal(signal.SIGINT, sigint)
-    rj.remove_empty_backup(cfg.data_dir, doc)
+    offline.swap(cfg, doc, entries, backup, fs, rj.RESHARD, doc["new_layout"])
 
 
 def _shards(n: int) -> str:

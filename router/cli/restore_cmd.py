@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import threading
 import time
 
@@ -295,25 +294,7 @@ def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> i
            for e in entries]
     doc = {"checkpoint": base, "backup": rj.relative(cfg.data_dir, backup),
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shards": rel}
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a few renames: not cut in between
-    try:
-        rj.write(cfg.data_dir, doc, fs)
-        os.makedirs(backup, exist_ok=True)
-        fs.sync_dir(cfg.data_dir)
-        for e in entries:
-            rj.finish_shard(e, fs)
-        rj.remove(cfg.data_dir, fs)
-    except (OSError, rj.JournalError) as exc:
-        if not os.path.lexists(rj.journal_path(cfg.data_dir)):  # failed before the journal
-            for e in entries:
-                shutil.rmtree(e["staged"], ignore_errors=True)
-            raise CliError(f"cannot write the restore journal in {cfg.data_dir}: {exc}; nothing "
-                           f"was restored", ERROR) from None
-        raise CliError(f"restore stopped while swapping directories: {exc}; "
-                       f"{rj.refusal(cfg.data_dir)}", ERROR) from None
-    finally:
-        signal.signal(signal.SIGINT, old)
-    rj.remove_empty_backup(cfg.data_dir, doc)
+    offline.swap(cfg, doc, entries, backup, fs)
     offline.record_layout(cfg)
     for e in entries:
         r = reports[e["name"]]
