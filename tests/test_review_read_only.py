@@ -1,8 +1,7 @@
-"""Review of ``DB.open(path, read_only=True)`` (engine/read_only.py) and its use by ``cluster
-reshard``: findings, first pinned as strict xfails, now fixed.
-
-Engine tests build a DB in tmp_path and open it in this process; the reshard test drives
-router/cli/reshard_cmd.py in this process (tests/test_reshard.py ``Setup``). No server is started.
+"""Review of ``DB.open(path, read_only=True)`` (engine/read_only.py): findings, first pinned as
+strict xfails, now fixed. The same finding seen from ``cluster reshard`` is
+tests/test_review_reshard.py ``test_a_refusal_after_reading_leaves_the_old_shards_as_they_were``
+[without-lock]. Each test builds a DB in tmp_path and opens it in this process.
 """
 
 from __future__ import annotations
@@ -10,17 +9,8 @@ from __future__ import annotations
 import os
 import threading
 
-import pytest
 
 from engine import DB
-from router.cli import reshard_cmd
-from router.cli.exit_codes import CliError
-from router.slots import slot_of
-
-from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
-from .test_reshard import Setup, conf, model_of, tree
-
-pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 
 def _checkpoint(tmp_path) -> str:
@@ -44,27 +34,6 @@ def test_read_only_open_of_a_directory_without_lock_creates_no_file(tmp_path):
         assert len(list(db.scan())) == 50
     assert sorted(os.listdir(ck)) == names
     assert os.stat(ck).st_mtime_ns == dir_mtime
-
-
-# Fixed in session 10; was a strict xfail: the same LOCK creation seen from cluster reshard:
-# old shards without LOCK (restored with --no-verify) gained one when the reshard refused.
-def test_a_reshard_refusal_leaves_old_shards_without_lock_as_they_were(tmp_path):
-    s = Setup(tmp_path)
-    s.build(conf(2), model_of(200), garbage=False)
-    stray = next(b"stray%d" % i for i in range(100) if slot_of(b"stray%d" % i) >= 8192)
-    with DB.open(os.path.join(s.data_dir, "shard-0"), create_if_missing=False,
-                 table_workers=0) as db:
-        db.put(stray, b"x")  # shard-0 holds a key of shard-1's slots: refused after reading
-    for i in range(2):  # as a checkpoint restored with --no-verify leaves them
-        os.remove(os.path.join(s.data_dir, f"shard-{i}", "LOCK"))
-    before = tree(s.data_dir)
-    with pytest.raises(CliError) as ei:
-        reshard_cmd.run(s.config(conf(3)), quiet=True)
-    assert ei.value.code == 1 and "outside its slot range" in str(ei.value)
-    after = tree(s.data_dir)
-    for t in (before, after):
-        t.pop("cluster.lock", None)
-    assert after == before
 
 
 # Fixed in session 10; was a strict xfail: the contract said "No background thread runs", but

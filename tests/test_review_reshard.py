@@ -87,12 +87,19 @@ def test_an_old_shard_directory_with_only_a_lock_file_counts_as_no_keys(tmp_path
 
 
 # Fixed in session 10; was a strict xfail: a refusal after reading had rewritten the old shards' MANIFEST, CURRENT and log (opened read-write).
-def test_a_refusal_after_reading_leaves_the_old_shards_as_they_were(tmp_path):
+# without_lock: fixed in session 10 too (tests/test_review_read_only.py's review); was a strict
+# xfail: old shards without LOCK (a checkpoint restored with --no-verify) gained one when the
+# reshard refused after reading them.
+@pytest.mark.parametrize("without_lock", [False, True], ids=["with-lock", "without-lock"])
+def test_a_refusal_after_reading_leaves_the_old_shards_as_they_were(tmp_path, without_lock):
     s = Setup(tmp_path)
     s.build(conf(2), model_of(200), garbage=False)  # the last writes are in the logs
     stray = next(b"stray%d" % i for i in range(100) if slot_of(b"stray%d" % i) >= 8192)
     with DB.open(os.path.join(s.data_dir, "shard-0"), create_if_missing=False) as db:
         db.put(stray, b"x")
+    if without_lock:  # as a checkpoint restored with --no-verify leaves them
+        for i in range(2):
+            os.remove(os.path.join(s.data_dir, f"shard-{i}", "LOCK"))
     before = tree(s.data_dir)
     with pytest.raises(CliError) as ei:
         reshard_cmd.run(s.config(conf(3)), quiet=True)
