@@ -224,3 +224,14 @@ def swap(cfg: ClusterConfig, doc: dict, entries: list[dict], backup: str, fs: Fi
     finally:
         signal.signal(signal.SIGINT, old)
     rj.remove_empty_backup(cfg.data_dir, doc)
+
+
+def new_backup_dir(data_dir: str, prefix: str, stamp: str) -> str:
+    """``<data_dir>/<prefix><stamp>``, or with ``-2``, ``-3``... appended if that exists (two
+    runs within one second)."""
+    path = os.path.join(data_dir, prefix + stamp)
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = os.path.join(data_dir, f"{prefix}{stamp}-{n}")
+    return path

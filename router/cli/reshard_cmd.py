@@ -281,7 +281,7 @@ def reshard(cfg: ClusterConfig, quiet: bool = False) -> int:
     fs = FileSystem()
     status = StatusLine(quiet, tty_every=0.5, plain_every=5.0)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    backup = _new_backup_dir(cfg.data_dir, stamp)
+    backup = offline.new_backup_dir(cfg.data_dir, rj.RESHARD_BACKUP_PREFIX, stamp)
     entries = []
     for p in changed:
         data = cs.shard_dir(cfg.data_dir, p.index)
@@ -308,15 +308,6 @@ def reshard(cfg: ClusterConfig, quiet: bool = False) -> int:
     _swap(cfg, entries, backup, old, new, fs)
     _report(cfg, shards, entries, backup, old, new)
     return OK
-
-
-def _new_backup_dir(data_dir: str, stamp: str) -> str:
-    path = os.path.join(data_dir, rj.RESHARD_BACKUP_PREFIX + stamp)
-    n = 1
-    while os.path.lexists(path):
-        n += 1
-        path = os.path.join(data_dir, f"{rj.RESHARD_BACKUP_PREFIX}{stamp}-{n}")
-    return path
 
 
 def _remove_leftovers(data_dir: str) -> list[str]:

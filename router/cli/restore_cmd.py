@@ -258,7 +258,7 @@ def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> i
     status = StatusLine(getattr(args, "quiet", False), tty_every=0.5, plain_every=5.0)
     entries = []
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    backup = _new_backup_dir(cfg.data_dir, stamp)
+    backup = offline.new_backup_dir(cfg.data_dir, rj.BACKUP_PREFIX, stamp)
     for s in cfg.shards:
         data = cs.shard_dir(cfg.data_dir, s.index)
         entries.append({"name": s.name, "data": data, "staged": data + rj.STAGING_SUFFIX,
@@ -307,15 +307,6 @@ def _restore(cfg: ClusterConfig, base: str, args, plan: dict | None = None) -> i
     print(f"restored {len(entries)} shards from {base} into {cfg.data_dir}; next: "
           f"sievekv cluster start{offline.config_hint(cfg)}", flush=True)
     return OK
-
-
-def _new_backup_dir(data_dir: str, stamp: str) -> str:
-    path = os.path.join(data_dir, rj.BACKUP_PREFIX + stamp)
-    n = 1
-    while os.path.lexists(path):
-        n += 1
-        path = os.path.join(data_dir, f"{rj.BACKUP_PREFIX}{stamp}-{n}")
-    return path
 
 
 def _verify(cfg: ClusterConfig, e: dict, status: StatusLine) -> None:
