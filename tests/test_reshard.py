@@ -152,12 +152,19 @@ def test_reshard_a_real_cluster_2_to_3_then_3_to_1_and_back(lab, tmp_path):
     router = c.state()["router_address"]
     with Client(router) as cl:
         cl.write(list(model.items()))
-        for i in range(0, 2000, 7):
-            model[b"key%05d" % i] = b"overwritten%d" % i
-            cl.put(b"key%05d" % i, model[b"key%05d" % i])
-        for i in range(3, 2000, 11):
-            cl.delete(b"key%05d" % i)
-            model.pop(b"key%05d" % i, None)
+        # Overwrites, then deletes: the first few one call each (Put, Delete), the rest in
+        # one Write each (one call per key cost ~1.4 s of this test).
+        over = [(b"key%05d" % i, b"overwritten%d" % i) for i in range(0, 2000, 7)]
+        for k, v in over[:20]:
+            cl.put(k, v)
+        cl.write(over[20:])
+        model.update(over)
+        gone = [b"key%05d" % i for i in range(3, 2000, 11)]
+        for k in gone[:20]:
+            cl.delete(k)
+        cl.write([(k, None) for k in gone[20:]])
+        for k in gone:
+            model.pop(k, None)
 
     # Running: refused, nothing changed.
     (tmp_path / "cluster.toml").write_text(conf(3, UNEVEN3))
@@ -416,12 +423,30 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _reshard_killed_at(s: Setup, at: int) -> subprocess.CompletedProcess:
+def _reshard_killed_at(s: Setup, at: int) -> subprocess.Popen:
+    """Start ``cluster reshard`` in a process that SIGKILLs itself at file-system operation
+    ``at``; the caller waits for it (several run at once, each on its own directory)."""
     env = dict(os.environ, KILL_AT=str(at), PYTHONPATH=ROOT)
     env.pop("SIEVEKV_CONFIG", None)
-    return subprocess.run([sys.executable, "-c", KILLER, "cluster", "reshard", "--quiet",
-                           "--config", s.conf], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-c", KILLER, "cluster", "reshard", "--quiet",
+                             "--config", s.conf], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _wait_all(procs: dict) -> dict:
+    """Wait for every process of ``procs`` (at -> Popen); at -> (returncode, stderr). Any
+    still running after the (generous) timeout is killed, and none is left behind on failure."""
+    out = {}
+    try:
+        for at, p in procs.items():
+            _, err = p.communicate(timeout=120)
+            out[at] = (p.returncode, err)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
 
 
 @pytest.mark.parametrize("old_n,new_n", [(2, 3), (3, 2)])
@@ -452,13 +477,20 @@ def test_sigkill_anywhere_then_finish_or_undo_gives_wholly_old_or_wholly_new(tmp
     points = sorted({*rng.sample(range(max(1, total - 16), total + 1), 3),
                      *rng.sample(range(1, total + 1), 2)})
     start_checked, seen = False, set()
-    for at in points:
-        s = Setup(tmp_path / f"kill{at}")
-        os.makedirs(s.root)
-        s.build(old_text, model, garbage=False)
+    setups = {}
+    for at in points:  # each kill on its own copy of the old data, all killed runs at once
+        setups[at] = s = Setup(tmp_path / f"kill{at}")
+        if len(setups) == 1:
+            os.makedirs(s.root)
+            s.build(old_text, model, garbage=False)
+        else:
+            shutil.copytree(setups[points[0]].root, s.root)
         s.config(new_text)
-        r = _reshard_killed_at(s, at)
-        assert r.returncode == -9, (at, r.returncode, r.stderr)
+    killed = _wait_all({at: _reshard_killed_at(setups[at], at) for at in points})
+    for at in points:
+        s = setups[at]
+        returncode, stderr = killed[at]
+        assert returncode == -9, (at, returncode, stderr)
         journal = os.path.exists(rj.journal_path(s.data_dir))
         seen.add(journal)
         if journal:
