@@ -166,27 +166,47 @@ def test_start_prints_the_router_address_and_progress(cluster):
         assert os.getsid(p["pid"]) != os.getsid(0)  # detached from our session
 
 
+def at_once(*calls):
+    """Run the ``sievekv`` calls ``calls`` (each a no-argument function) concurrently, in
+    threads; their results in order. Each is a separate CLI process with its own timeout
+    (subprocess.run kills it past that), so none outlives the call."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
 def test_put_get_delete_scan(cluster):
-    assert cli(cluster, "put", "k1", "v1").stdout == "OK\n"
-    assert cli(cluster, "put", "k2", "v2\twith tab").returncode == 0
-    r = cli(cluster, "get", "k1")
+    # Calls that do not depend on each other run at once (each CLI process is ~0.5 s of
+    # start-up); every call and every check of the sequential version is kept.
+    put1, put2, put_hex, bad_hex = at_once(
+        lambda: cli(cluster, "put", "k1", "v1"),
+        lambda: cli(cluster, "put", "k2", "v2\twith tab"),
+        lambda: cli(cluster, "put", "-e", "hex", "00ff", "deadbeef"),
+        lambda: cli(cluster, "put", "-e", "hex", "zz", "00"))
+    assert put1.stdout == "OK\n"
+    assert put2.returncode == 0
+    assert put_hex.returncode == 0
+    assert bad_hex.returncode == 2
+    assert bad_hex.stderr == "sievekv: error: key: not valid hex: 'zz'\n"
+    r, absent, scan, scan_json, b64, env = at_once(
+        lambda: cli(cluster, "get", "k1"),
+        lambda: cli(cluster, "get", "absent"),
+        lambda: cli(cluster, "scan", "--start", "k", "--end", "l"),
+        lambda: cli(cluster, "scan", "--start", "k", "--end", "l", "--format", "jsonl",
+                    "--limit", "1"),
+        lambda: cli(cluster, "get", "-e", "base64", "AP8="),
+        # the router address can come from the environment too
+        lambda: sievekv("get", "k2", env={"SIEVEKV_ROUTER": cluster["router"]}))
     assert (r.returncode, r.stdout) == (0, "v1\n")
-    r = cli(cluster, "get", "absent")
-    assert r.returncode == 5 and r.stderr == "sievekv: error: key 'absent' not found\n"
-    r = cli(cluster, "scan", "--start", "k", "--end", "l")
-    assert r.stdout == "k1\tv1\nk2\tv2\twith tab\n"
-    r = cli(cluster, "scan", "--start", "k", "--end", "l", "--format", "jsonl", "--limit", "1")
-    assert [json.loads(x) for x in r.stdout.splitlines()] == [{"key": "k1", "value": "v1"}]
+    assert absent.returncode == 5 and absent.stderr == "sievekv: error: key 'absent' not found\n"
+    assert scan.stdout == "k1\tv1\nk2\tv2\twith tab\n"
+    assert [json.loads(x) for x in scan_json.stdout.splitlines()] == [
+        {"key": "k1", "value": "v1"}]
+    # binary keys and values
+    assert b64.stdout == "3q2+7w==\n"
+    assert env.stdout == "v2\twith tab\n"
     assert cli(cluster, "delete", "k1").returncode == 0
     assert cli(cluster, "get", "k1").returncode == 5
-    # binary keys and values
-    assert cli(cluster, "put", "-e", "hex", "00ff", "deadbeef").returncode == 0
-    assert cli(cluster, "get", "-e", "base64", "AP8=").stdout == "3q2+7w==\n"
-    r = cli(cluster, "put", "-e", "hex", "zz", "00")
-    assert r.returncode == 2 and r.stderr == "sievekv: error: key: not valid hex: 'zz'\n"
-    # the router address can come from the environment too
-    r = sievekv("get", "k2", env={"SIEVEKV_ROUTER": cluster["router"]})
-    assert r.stdout == "v2\twith tab\n"
 
 
 def test_load_then_scan_round_trips(cluster):
