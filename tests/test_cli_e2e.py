@@ -215,9 +215,11 @@ def test_load_then_scan_round_trips(cluster):
     r = cli(cluster, "load", "--batch", "500", input=lines)
     assert r.returncode == 0, r.stderr
     assert "loaded 3,000 records" in r.stderr
-    r = cli(cluster, "scan", "--start", "load:", "--end", "load;", "--format", "jsonl")
+    r, tsv = at_once(
+        lambda: cli(cluster, "scan", "--start", "load:", "--end", "load;", "--format", "jsonl"),
+        lambda: cli(cluster, "scan", "--start", "load:", "--end", "load;"))
     assert r.stdout == lines
-    tsv = cli(cluster, "scan", "--start", "load:", "--end", "load;").stdout
+    tsv = tsv.stdout
     assert tsv.count("\n") == 3000 and tsv.startswith("load:00000\tvalue-0\n")
     bad = cli(cluster, "load", "--format", "tsv", input="x\t1\nno-tab\n")
     assert bad.returncode == 2
@@ -226,7 +228,8 @@ def test_load_then_scan_round_trips(cluster):
 
 
 def test_status_json(cluster):
-    r = cli(cluster, "cluster", "status", "--json")
+    r, text = at_once(lambda: cli(cluster, "cluster", "status", "--json"),
+                      lambda: cli(cluster, "cluster", "status"))
     assert r.returncode == 0, r.stdout + r.stderr
     st = json.loads(r.stdout)
     assert st["cluster"] == "running" and st["supervisor"]["alive"]
@@ -237,7 +240,6 @@ def test_status_json(cluster):
         assert p["metrics_port"] and p["metrics_url"].endswith(f":{p['metrics_port']}/metrics")
     assert rows["shard-0"]["slots"] == [0, 8191] and rows["shard-1"]["slots"] == [8192, 16383]
     assert sum(rows[s]["keys"] for s in ("shard-0", "shard-1")) >= 3000
-    text = cli(cluster, "cluster", "status")
     assert text.returncode == 0 and "shard-1" in text.stdout and "SERVING" in text.stdout
 
 
@@ -303,11 +305,11 @@ def test_filters_json_agrees_with_the_shards_and_the_os(cluster):
 
 
 def test_stats_flush_compact(cluster):
-    r = cli(cluster, "stats", "--json")
+    r, compact = at_once(lambda: cli(cluster, "stats", "--json"),
+                         lambda: cli(cluster, "compact"))
     assert r.returncode == 0
     assert set(json.loads(r.stdout)["shards"]) == {"shard-0", "shard-1"}
-    r = cli(cluster, "compact")
-    assert r.returncode == 0 and r.stdout.count("compacted") == 2
+    assert compact.returncode == 0 and compact.stdout.count("compacted") == 2
 
 
 def test_a_second_start_on_the_locked_directory_fails_fast(cluster):
@@ -382,7 +384,7 @@ def test_stop_leaves_no_process_behind(cluster):
     alive = [(n, p) for n, p, ct in pids if cs.pid_alive(p, ct)]
     assert alive == []
     assert state(cluster)["state"] == "stopped"
-    r = cli(cluster, "cluster", "status")
+    r, get = at_once(lambda: cli(cluster, "cluster", "status"),
+                     lambda: cli(cluster, "get", "k2"))
     assert r.returncode == 3
-    r = cli(cluster, "get", "k2")
-    assert r.returncode == 3 and "is stopped" in r.stderr
+    assert get.returncode == 3 and "is stopped" in get.stderr
