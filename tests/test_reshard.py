@@ -32,6 +32,7 @@ from router.slots import slot_of
 
 from .test_cli_e2e import ROOT, cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import sievekv
+from .test_restore import tree  # noqa: F401 (also imported from here by the review tests)
 from .test_review_lifecycle import lab, one_error_line  # noqa: F401 (lab: fixture)
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
@@ -126,16 +127,6 @@ def shard_contents(data_dir: str, layout: list) -> dict:
                 assert lo <= slot_of(k) <= hi, (i, k, slot_of(k))
                 got[k] = v
     return got
-
-
-def tree(data_dir: str) -> dict:
-    out = {}
-    for root, dirs, files in os.walk(data_dir):
-        for n in dirs + files:
-            p = os.path.join(root, n)
-            st = os.lstat(p)
-            out[os.path.relpath(p, data_dir)] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return out
 
 
 UNEVEN3 = [(0, 2999), (3000, 12999), (13000, 16383)]
