@@ -66,7 +66,8 @@ class RunningCompaction:
         self.outputs: list[int] = []
 
     def report(self, fs, dirname: str) -> dict:
-        """JSON-able progress: levels, input bytes, output bytes written so far, seconds."""
+        """JSON-able progress: levels, reason (engine/compaction/picker.py), input bytes,
+        output bytes written so far, seconds."""
         written = 0
         for n in list(self.outputs):
             try:
@@ -75,7 +76,7 @@ class RunningCompaction:
                 pass
         t = self.task
         return {"level": t.level, "output_level": t.output_level, "manual": self.manual,
-                "input_bytes": t.input_bytes(), "written_bytes": written,
+                "reason": t.reason, "input_bytes": t.input_bytes(), "written_bytes": written,
                 "seconds": round(time.monotonic() - self.started, 3)}
 
 

@@ -53,7 +53,7 @@ from bisect import bisect_left
 from . import filenames, reports
 from .background import RETRY_WAIT_S, Background
 from .block_cache import BlockCache
-from .compaction import full_task
+from .compaction import full_task, pick
 from .errors import (ClosedError, InvalidArgumentError, ResultTooLargeError, SieveError,
                      StorageIOError)
 from .filter_cap import FilterCap
@@ -667,6 +667,32 @@ class DB(Background):
                         if isinstance(exc, StorageIOError):  # only a reopen ends this failure
                             exc.retryable = False
                     raise
+
+    def wait_for_compactions(self, timeout: float | None = None) -> bool:
+        """Wait until background work is done (RocksDB's WaitForCompact): no memtable waiting
+        for its flush, no compaction running, none due (the picker returns None: every level
+        within its target and no table dense enough in tombstones, engine/compaction/picker.py)
+        and no compaction backing off after a full disk. With ``disable_auto_compactions`` no
+        compaction is ever due. Returns True then; False after ``timeout`` seconds (None: no
+        limit) or when the DB is in its failed state. Raises ClosedError if it closes.
+        Writes made meanwhile by other threads can keep it waiting (until ``timeout``)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        opts = self.options
+        with self._mu:
+            while True:
+                if self._closing:
+                    raise ClosedError("DB is closed")
+                if self._bg_error is not None and not self._bg_recoverable:
+                    return False
+                due = not opts.disable_auto_compactions and pick(self._version, opts) is not None
+                if (not due and not self._frozen and self._running is None
+                        and self._compaction_full_disk is None):
+                    return True
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                # _running is cleared outside the mutex: poll as well as wait for a notify.
+                self._bg_cv.wait(0.05 if left is None else min(0.05, left))
 
     def verify(self) -> dict:
         """Check every checksum of every live table, reading each file again (engine/verify.py:

@@ -52,6 +52,7 @@ class Options:
     level_size_multiplier: float = _opt(10.0, "each level's target is this times the previous one", lo=1.0)
     target_file_size: int = _opt(4 * MiB, "size at which compaction starts a new output table", lo=1)
     max_grandparent_overlap_factor: int = _opt(10, "stop an output table when it overlaps this many target sizes of the next level", lo=1)
+    tombstone_compaction_ratio: Any = _opt(0.2, "when no level is over its target, compact the table whose share of tombstones (deletions / entries, from the manifest) is highest and at least this (0 to 1; 0 or None: off, the old behaviour): an Ln table with nothing below it is rewritten in place without its tombstones, any other goes one level down with its overlaps, so deleted data gives its disk space back without DB.compact(). 0.2 is Cassandra's tombstone_threshold: a table of 20% tombstones is rewritten for at most 5 entries per tombstone, and flushes of overwrite-only or insert-only writes (no tombstones) never trigger it (bench/delete_space.py, bench/results/db.md \"Session 11\")")
     table_workers: int = _opt(2, "worker processes that write flush and compaction tables off the GIL (0: the DB's own threads; always 0 with a custom fs)", lo=0)
     # -- tables and cache ------------------------------------------------------------------------
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
@@ -122,6 +123,11 @@ class Options:
                 "options must satisfy l0_compaction_trigger <= l0_slowdown_trigger <= l0_stop_trigger")
         if self.filter_policy is not None and not isinstance(self.filter_policy, str):
             raise InvalidArgumentError("option filter_policy must be a name or None")
+        r = self.tombstone_compaction_ratio
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not 0 <= r <= 1):
+            raise InvalidArgumentError(
+                f"option tombstone_compaction_ratio must be None or a number from 0 to 1, got {r!r}")
         for name in ("filter_memory_budget", "filter_memory_cap"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

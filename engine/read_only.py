@@ -133,6 +133,12 @@ class ReadOnlyDB(DB):
     def checkpoint(self, dest, create_parents: bool = False):
         self._refuse("checkpoint")
 
+    def wait_for_compactions(self, timeout=None) -> bool:
+        """Nothing is ever flushed or compacted here: True at once (ClosedError once closed)."""
+        if self._rs is None:
+            raise ClosedError("DB is closed")
+        return True
+
     def close(self) -> None:
         """Release the tables, the manifest and the lock; writes nothing. Idempotent."""
         with self._mu:

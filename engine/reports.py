@@ -4,8 +4,11 @@ stats(): per level tables/bytes/entries; memtables and log; flushes, compactions
 compacted; write-stall time; block cache hits/misses (scans, and gets when ``mmap_reads`` is
 off); ``reads``: whether gets read mapped tables, how many tables are mapped now and how many
 mappings the OS refused (those tables read with pread); gets and data blocks read per get.
-``compaction_running``: None, or the compaction in progress (levels, whether manual, input
-bytes, output bytes written so far, seconds): what ``sievekv compact`` shows as progress.
+``compaction_running``: None, or the compaction in progress (levels, whether manual, its
+reason, input bytes, output bytes written so far, seconds): what ``sievekv compact`` shows as
+progress. ``compactions_by_reason``, ``tombstone_compactions`` and ``tombstones_dropped``: what
+the compactions since open were for (engine/compaction/picker.py) and the tombstones they
+removed.
 
 filter_report(): per level and per table the table's own filter accounting
 (``Table.filter_stats``: bytes on disk, mapped, resident as measured by the OS, partitions,
@@ -41,7 +44,7 @@ for statistics).
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .filter_plan import current_allocation, policy_fpr
 
@@ -72,11 +75,25 @@ class Counters:
     worker_jobs: int = 0
     recovered_entries: int = 0
     recovered_tables: int = 0
+    # By task reason (engine/compaction/picker.py: "l0-count", "l<n>-size", "tombstones",
+    # "manual"), trivial moves included.
+    compactions_by_reason: dict = field(default_factory=dict)
+    tombstone_compactions: int = 0  # reason "tombstones", trivial moves included
+    # Tombstones the inputs held minus those the outputs hold: dropped at the bottom, or
+    # merged with an older tombstone of the same key (every compaction, whatever its reason).
+    tombstones_dropped: int = 0
 
     def note_compaction(self, task, result, seconds: float) -> None:
         self.compactions += 1
+        by = self.compactions_by_reason
+        by[task.reason] = by.get(task.reason, 0) + 1
+        if task.reason == "tombstones":
+            self.tombstone_compactions += 1
         if task.trivial_move:
             self.trivial_moves += 1
+        else:
+            self.tombstones_dropped += (sum(f.num_deletions for f in task.all_inputs)
+                                        - sum(f.num_deletions for f in result.outputs))
         self.compaction_bytes_read += result.bytes_read
         self.compaction_bytes_written += result.bytes_written
         self.compaction_entries_in += result.entries_in
@@ -140,6 +157,9 @@ def stats(db) -> dict:
         "compaction_bytes_read": c.compaction_bytes_read,
         "compaction_bytes_written": c.compaction_bytes_written,
         "compaction_seconds": round(c.compaction_s, 3),
+        "compactions_by_reason": dict(c.compactions_by_reason),
+        "tombstone_compactions": c.tombstone_compactions,
+        "tombstones_dropped": c.tombstones_dropped,
         "compaction_running": _running_compaction(db),
         # DB.verify in progress (engine/verify.py Progress.report), or None
         "verify_running": (lambda p: p.report() if p is not None else None)(

@@ -66,7 +66,7 @@ def test_manual_compaction_reports_progress_while_it_runs(tmp_path):
             assert fs.reached.wait(60), "the compaction never wrote an output table"
             now = db.stats()["compaction_running"]
             assert now is not None
-            assert now["manual"] is True
+            assert now["manual"] is True and now["reason"] == "manual"
             assert now["level"] == 0 and now["output_level"] >= 1
             input_bytes = sum(lv["bytes"] for lv in db.stats()["levels"])
             assert now["input_bytes"] == input_bytes
@@ -88,7 +88,7 @@ def test_progress_counts_the_outputs_that_exist(tmp_path):
     """A job in a worker process has its output numbers reserved up front: the bytes written
     are the sizes of those that exist so far (the others are not created yet, or gone)."""
     class Task:
-        level, output_level = 0, 2
+        level, output_level, reason = 0, 2, "l0-count"
 
         @staticmethod
         def input_bytes():
@@ -104,3 +104,4 @@ def test_progress_counts_the_outputs_that_exist(tmp_path):
     got = running.report(FileSystem(), d)
     assert got["written_bytes"] == 345
     assert (got["level"], got["output_level"], got["manual"], got["input_bytes"]) == (0, 2, False, 1000)
+    assert got["reason"] == "l0-count"

@@ -13,6 +13,31 @@ Leveled compaction, as in LevelDB/RocksDB:
   overlapping tables of Ln+1. If nothing overlaps it the table is moved, not rewritten.
 - The task is *bottommost* when no level below the output level holds a key in the task's
   range: only then may tombstones be dropped.
+- Tombstones (``tombstone_compaction_ratio``; Cassandra's single-SSTable tombstone compaction,
+  RocksDB's CompactOnDeletionCollector, Pebble's elision-only compactions): only when no
+  level's score is >= 1, the table with the highest tombstone density (num_deletions /
+  num_entries, from the manifest) at or above the ratio is compacted, reason "tombstones":
+  an L0 table takes all of L0 into L1 (as l0-count does); a table of Ln (n >= 1) whose key
+  range has nothing below it is rewritten in place at Ln with its tombstones dropped (an
+  *elision*: ``output_level == level``, never a trivial move, which would keep them); any
+  other Ln table goes to Ln+1 with its overlaps there (a trivial move if there are none).
+  Size-triggered work always comes first, so the only cost is paid when the tree is within
+  its targets: a DB that goes idle after deletes gives the space back without DB.compact().
+
+  It terminates: let P = sum over every entry of every table of (NUM_LEVELS - its level).
+  Every compaction the picker returns lowers P: a level or tombstone task moves each entry
+  of its level-n inputs to n+1 or drops it (an entry of the output level stays there or is
+  dropped), and an elision drops at least one tombstone (density >= ratio > 0) and moves
+  nothing. P is a non-negative integer, so without new writes ``pick`` returns None after
+  finitely many steps (tests/test_picker_tombstones.py runs it on many shapes).
+
+  Compensated sizes (RocksDB adds 2 x the average value size per tombstone in excess of
+  the table's values to its size; Pebble estimates the bytes each tombstone shadows) are not
+  used: they exist so that tombstones reach the data they delete *under load*, but here the
+  tombstone pick runs whenever no level is over its target, which under a steady load is
+  after most flushes and compactions, and the benchmark (bench/delete_space.py) shows the
+  space coming back without them; they would also change the shape of the tree for every
+  workload with deletes, with an estimate (the average value size) we do not record.
 
 ``pick(levels, options)`` takes anything with a ``levels`` attribute or a sequence of levels,
 each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest`` (L0 newest
@@ -104,15 +129,51 @@ def is_bottommost(levels, output_level: int, lo: bytes, hi: bytes) -> bool:
 
 
 def pick(version, options) -> CompactionTask | None:
-    """The most urgent compaction, or None when every level is within its target."""
+    """The most urgent compaction, or None when every level is within its target and no
+    table's tombstone density reaches ``options.tombstone_compaction_ratio``."""
     levels = _levels_of(version)
     sc = scores(levels, options)
     best = max(range(len(sc)), key=lambda n: (sc[n], -n))
     if sc[best] < 1.0:
-        return None
+        return tombstone_task(levels, getattr(options, "tombstone_compaction_ratio", None))
     if best == 0:
         return level_task(levels, 0, reason="l0-count", score=sc[0])
     return _pick_one_file(levels, best, options, sc[best])
+
+
+def tombstone_density(f) -> float:
+    """num_deletions / num_entries of one table (0 for an empty one)."""
+    return f.num_deletions / f.num_entries if f.num_entries > 0 else 0.0
+
+
+def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
+    """The "tombstones" compaction of the densest table with density >= ``ratio`` (module
+    docstring), or None (also when ``ratio`` is 0 or None: disabled). Ties go to the
+    shallower level, then the older table. O(total tables)."""
+    if not ratio:
+        return None
+    levels = _levels_of(version)
+    best = None
+    best_key = None
+    for n, files in enumerate(levels):
+        for f in files:
+            if f.num_deletions <= 0:
+                continue
+            d = tombstone_density(f)
+            if d < ratio:
+                continue
+            key = (d, -n, -f.number)
+            if best_key is None or key > best_key:
+                best, best_key = (n, f), key
+    if best is None:
+        return None
+    n, f = best
+    d = best_key[0]
+    if n == 0:
+        return level_task(levels, 0, reason="tombstones", score=d)
+    if is_bottommost(levels, n, f.smallest, f.largest):
+        return CompactionTask(n, n, (f,), (), True, False, "tombstones", d)
+    return level_task(levels, n, reason="tombstones", score=d, files=(f,))
 
 
 def level_task(levels, level: int, *, reason: str, score: float = 0.0,
