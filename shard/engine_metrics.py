@@ -19,7 +19,8 @@ they would go down, which Prometheus reads as a counter reset (FilterReport has 
 
 From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_memtable_bytes``, ``sievekv_engine_flushes_total``,
-``sievekv_engine_compactions_total``, ``sievekv_engine_compaction_read_bytes_total``,
+``sievekv_engine_compactions_total``, ``sievekv_engine_tombstone_compactions_total``,
+``sievekv_engine_tombstones_dropped_total``, ``sievekv_engine_compaction_read_bytes_total``,
 ``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
 ``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
 ``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``,
@@ -60,6 +61,9 @@ _FILTER_GAUGES = (
 _STATS_COUNTERS = (
     (("flushes",), "sievekv_engine_flushes", "Memtable flushes"),
     (("compactions",), "sievekv_engine_compactions", "Compactions run"),
+    (("tombstone_compactions",), "sievekv_engine_tombstone_compactions",
+     "Compactions run for tombstone density (tombstone_compaction_ratio)"),
+    (("tombstones_dropped",), "sievekv_engine_tombstones_dropped", "Tombstones removed by compactions"),
     (("compaction_bytes_read",), "sievekv_engine_compaction_read_bytes", "Bytes read by compactions"),
     (("compaction_bytes_written",), "sievekv_engine_compaction_written_bytes", "Bytes written by compactions"),
     (("write_stall", "total_seconds"), "sievekv_engine_write_stall_seconds", "Seconds writers were slowed or stopped"),

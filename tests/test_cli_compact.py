@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from router.cli.app import build_parser
-from router.cli.report_cmds import compaction_progress, running_compaction
+from router.cli.report_cmds import compaction_progress, compaction_reasons, running_compaction
 
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import sievekv, state, two_shard_cluster
@@ -66,6 +66,12 @@ def test_compact_on_a_cluster(cluster):
     assert len(shards) == 2
     assert all(s["compaction_running"] is None for s in shards.values())
     assert sum(s["compactions"] for s in shards.values()) >= 2
+    assert all(s["compactions_by_reason"].get("manual", 0) >= 1 for s in shards.values())
+    r = sievekv("stats", *cfg)
+    assert r.returncode == 0, r.stderr
+    for name in shards:  # one line per shard with its compactions by reason
+        assert any(line.startswith(f"{name}: compactions ") and "manual " in line
+                   for line in r.stdout.splitlines()), r.stdout
     r = sievekv("get", "key002999", *cfg)
     assert r.returncode == 0 and r.stdout.strip() == "value-2999"
 
@@ -98,3 +104,16 @@ def test_compact_deadline_names_the_shard_still_compacting(cluster):
     assert r.stdout.splitlines() == ["shard-0    compacted", "shard-1    still compacting"]
     assert r.stderr.count("\n") == 1, r.stderr
     assert "gave up waiting for shard-1 after --timeout 5 s; they go on compacting" in r.stderr
+
+
+def test_progress_and_stats_lines_name_the_reason():
+    auto = {"compaction_running": dict(RUNNING, level=6, output_level=6, manual=False,
+                                       reason="tombstones")}
+    assert running_compaction(auto) == "L6->L6 tombstones 25% (50.0 MiB of 200.0 MiB, 12 s)"
+    manual = {"compaction_running": dict(RUNNING, reason="manual")}  # compact's own progress
+    assert running_compaction(manual) == "L0->L2 25% (50.0 MiB of 200.0 MiB, 12 s)"
+    stats = {"compactions_by_reason": {"tombstones": 2, "l0-count": 1234},
+             "tombstones_dropped": 180000}
+    assert compaction_reasons(stats) == "l0-count 1,234, tombstones 2 (180,000 tombstones dropped)"
+    assert compaction_reasons({"compactions_by_reason": {}}) == ""
+    assert compaction_reasons({"compactions_by_reason": {"l1-size": 1}}) == "l1-size 1"

@@ -105,6 +105,9 @@ def cmd_stats(args) -> int:
               for x in s.get("levels", []) if x.get("tables")]
         if lv:
             print(f"{name}: " + ", ".join(lv))
+        reasons = compaction_reasons(s)
+        if reasons:
+            print(f"{name}: compactions {reasons}")
         if s.get("failed"):
             how = ("writes refused until a flush succeeds (retrying)" if s.get("failed_retrying")
                    else "writes refused until the shard restarts")
@@ -239,15 +242,30 @@ def compaction_progress(shards: dict) -> str:
                      if running_compaction(s))
 
 
+def compaction_reasons(stats: dict) -> str:
+    """``l0-count 3, tombstones 2 (180,000 tombstones dropped)``: one shard's compactions
+    since it opened by reason (engine/compaction/picker.py), "" before the first."""
+    by = stats.get("compactions_by_reason") if isinstance(stats, dict) else None
+    if not by:
+        return ""
+    text = ", ".join(f"{r} {format_count(n)}" for r, n in sorted(by.items()))
+    dropped = stats.get("tombstones_dropped")
+    return text + (f" ({format_count(dropped)} tombstones dropped)" if dropped else "")
+
+
 def running_compaction(stats: dict) -> str:
     """``L0->L2 45% (58 MiB of 129 MiB, 12 s)`` for one shard's stats, "" when it is not
-    compacting. The percentage is output bytes written of input bytes, at most 99 while it
-    runs (overwritten keys and dropped tombstones make the output smaller than the input)."""
+    compacting; with the task's reason after the levels when the shard reports one and the
+    compaction is not a manual one (``L6->L6 tombstones 45% ...``: a table rewritten in place
+    without its tombstones). The
+    percentage is output bytes written of input bytes, at most 99 while it runs (overwritten
+    keys and dropped tombstones make the output smaller than the input)."""
     run = stats.get("compaction_running") if isinstance(stats, dict) else None
     if not run:
         return ""
     pct = min(99, 100 * run["written_bytes"] // max(1, run["input_bytes"]))
-    return (f"L{run['level']}->L{run['output_level']} {pct}% "
+    reason = f"{run['reason']} " if run.get("reason") and not run.get("manual") else ""
+    return (f"L{run['level']}->L{run['output_level']} {reason}{pct}% "
             f"({format_bytes(run['written_bytes'])} of {format_bytes(run['input_bytes'])}, "
             f"{run['seconds']:.0f} s)")
 
