@@ -108,7 +108,11 @@ def test_stalled_scans_leave_point_reads_working(big_cluster):
         channels.append(grpc.insecure_channel(router.address, options=NO_BDP))
         streams.append(pbg.KVStub(channels[-1]).Scan(pb.ScanRequest(), timeout=300))
     try:
-        time.sleep(3.0)  # let the streams fill their windows and block
+        # Wait until the router has answered every stream: its first message (the handler runs
+        # and holds its thread, and its shard scans hold theirs) or a refusal past its limit.
+        # initial_metadata() returns then without reading a message; the deadline bounds it.
+        for st in streams:
+            st.initial_metadata()
         with Client(router.address, retries=0) as c:
             assert c.get(b"key000000001", timeout=10) == VALUE
         with Client(shards[0].address, retries=0) as d:
@@ -168,7 +172,10 @@ def test_a_scan_past_the_routers_default_deadline_says_so(big_cluster, module_pr
             pbg.AdminStub(ch).ClusterInfo(pb.ClusterInfoRequest(), timeout=60)
             stream = pbg.KVStub(ch).Scan(pb.ScanRequest())  # no deadline
             received = len(next(stream).keys)
-            time.sleep(5)  # a slow consumer
+            # A slow consumer. A sleep: no event marks the router's deadline passing, and it
+            # started before next() returned, so any sleep over 4 s outlives it; a longer one
+            # (a loaded machine) only makes it more certain: it cannot fail the test.
+            time.sleep(5)
             with pytest.raises(grpc.RpcError) as info:
                 for batch in stream:
                     received += len(batch.keys)
