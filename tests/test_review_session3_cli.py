@@ -109,7 +109,10 @@ def test_ctrl_c_after_one_client_finished_still_reports_and_exits_130(cluster):
         # the CLI reaps it).
         _wait_for("the other client to finish", lambda: _exited(done))
         cli.send_signal(signal.SIGINT)  # the operator gives up waiting: Ctrl-C
-        time.sleep(2.0)  # sequencing only: let the CLI take the interrupt first (it polls 5x/s)
+        # The CLI takes the interrupt first: once the kernel has delivered SIGINT (no longer
+        # pending), Python raises KeyboardInterrupt at the CLI's next bytecode, before it can
+        # read a result the stopped client sends after SIGCONT.
+        _wait_for("the CLI to take SIGINT", lambda: not _sigint_pending(cli.pid))
         slow.send_signal(signal.SIGCONT)
         out, err = cli.communicate(timeout=120)
         assert "gave no result" not in err, err
@@ -131,6 +134,24 @@ def _sigint_state(pid: int) -> tuple[bool, bool] | None:
         return None
     return (bool(int(fields["SigCgt"], 16) & SIGINT_BIT),
             bool(int(fields["SigIgn"], 16) & SIGINT_BIT))
+
+
+def _sigint_pending(pid: int) -> bool:
+    """SIGINT is pending for process ``pid`` (sent, not yet delivered to any of its threads):
+    the shared queue (ShdPnd) or a thread's own (SigPnd) in /proc. False once it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if (int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) & SIGINT_BIT:
+            return True
+    return False
 
 
 def test_ctrl_c_while_clients_start_prints_one_line_and_no_traceback(cluster):
