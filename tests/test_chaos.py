@@ -16,7 +16,7 @@ test, and one router, all on 127.0.0.1 ports chosen at start) in a temporary dir
 - **Nemesis** (seeded, in the main thread): SIGKILLs shards (one, two at once, one again while
   it recovers), SIGKILLs the router, SIGSTOPs a shard for a few seconds, and once runs
   ``cluster restart --shard N``; after each fault it waits for the supervisor to bring the
-  process back to SERVING.
+  process back to SERVING, then for the clients' writes to reach every shard again.
 - **Checks**, when everything is healthy again, through the router, and again after
   ``cluster stop`` / ``cluster start`` on the same data directory: every acknowledged write is
   there with its value (an overwritten key holds its last acknowledged version or a later one
@@ -65,6 +65,7 @@ pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
 SEED = int(os.environ.get("SIEVEKV_CHAOS_SEED", "20240605"))
 SHARDS = 3
+SHARD_NAMES = {f"shard-{i}" for i in range(SHARDS)}  # as `cluster start` names them
 WRITERS = 4
 OVERWRITE_KEYS = 6  # o/T/J keys per writer, overwritten with increasing versions
 CALL_TIMEOUT = 10.0  # seconds per write or read during the run
@@ -160,6 +161,15 @@ class History:
     def violation(self, text: str) -> None:
         with self.lock:
             self.violations.append(f"{self.now():8.3f} {text}")
+
+    def loaded_since(self, since: float, scans: int) -> bool:
+        """True once every shard has acknowledged a part of a Write sent at or after ``since``
+        (History.now() seconds) and the scanner has finished a scan beyond its first ``scans``:
+        the clients' load reached the whole cluster."""
+        with self.lock:
+            batches = list(self.batches)
+        acked = {s for b in batches if b.sent >= since for s, o in b.outcome.items() if o == OK}
+        return acked >= SHARD_NAMES and self.counts["scan ok"] > scans
 
     def error(self, op: str, exc: ClientError) -> None:
         with self.lock:
@@ -450,11 +460,20 @@ class Nemesis:
     def run(self) -> None:
         actions = list(self.ACTIONS)
         self.rng.shuffle(actions)
+        after = "the start"
         for action in actions:
-            time.sleep(self.rng.uniform(0.5, 1.5))  # load between faults
+            self.wait_for_load(f"after {after}")  # load between faults
             getattr(self, action)()
             wait_until(self.cluster.healthy, f"the cluster to be whole after {action}", 120, 0.1)
             self.hist.event(f"healthy after {action}")
+            after = action
+
+    def wait_for_load(self, when: str) -> None:
+        """Wait until the clients' calls reach every shard again (History.loaded_since)."""
+        since, scans = self.hist.now(), self.hist.counts["scan ok"]
+        wait_until(lambda: self.hist.loaded_since(since, scans),
+                   f"writes acknowledged by every shard and a scan {when}", 120)
+        self.hist.event(f"load on every shard {when}")
 
     def _shard(self) -> str:
         return f"shard-{self.rng.randrange(SHARDS)}"
@@ -505,6 +524,8 @@ class Nemesis:
         self.cluster.stopped.add(p["pid"])
         self.hist.event(f"SIGSTOP {name} pid {p['pid']}")
         try:
+            # A sleep: how long the shard stays stopped is the fault itself (longer than
+            # SHORT_TIMEOUT, so such calls pass their deadline); any outcome is allowed.
             time.sleep(self.rng.uniform(2.0, 4.0))
         finally:
             os.kill(p["pid"], signal.SIGCONT)
@@ -661,8 +682,9 @@ def test_no_acknowledged_write_is_lost_while_processes_die(tmp_path, request):
     for th in threads:
         th.start()
     try:
-        Nemesis(cluster, hist).run()
-        time.sleep(1.0)  # load on the whole cluster after the last fault
+        nemesis = Nemesis(cluster, hist)
+        nemesis.run()
+        nemesis.wait_for_load("after the last fault")  # load on the whole cluster
     finally:
         stop.set()
         for th in threads:
