@@ -97,9 +97,8 @@ def test_slow_scan_readers_do_not_lock_out_point_reads(procs, tmp_path):
         stub = pbg.KVStub(channel)
         for _ in range(2):  # two readers that are slow (here: stopped) consuming a big scan
             stream = stub.Scan(pb.ScanRequest(start=b"big-"), timeout=120)
-            next(stream)
-            streams.append(stream)
-        time.sleep(1.0)  # the router's handlers are now blocked sending to the readers
+            next(stream)  # the router's handler runs: it holds its thread from here on, while
+            streams.append(stream)  # it sends and once blocked on the reader's window alike
         assert all(s.alive() for s in shards)  # both shards are healthy and idle
         assert get_outcome(router.address, key) == b"ok"
     finally:
