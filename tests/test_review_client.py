@@ -214,7 +214,9 @@ def test_a_call_on_a_closed_client_is_a_client_error(procs, tmp_path):
     try:
         with Stopped(shard):
             reader.start()
-            time.sleep(0.5)  # (any moment: before the call, the check refuses it just the same)
+            # A head start for the reader's call, not a wait for an event: at any moment (before
+            # the call too) close() must end it with ClosedError, so the length cannot fail it.
+            time.sleep(0.5)
             c.close()
             reader.join(30)
     finally:
@@ -298,7 +300,9 @@ def test_a_slow_consumer_of_a_default_scan_is_not_cut_off_after_the_unary_timeou
     with Client(shard.address, timeout=2, channel_options=[("grpc.http2.bdp_probe", 0)]) as c:
         it = c.scan()
         got = [next(it)[0]]
-        time.sleep(c.timeout + 1)  # the application works on what it read
+        # The application works on what it read. A sleep: the iteration must outlive the
+        # unary timeout (2 s), and a longer one (a loaded machine) only outlives it further.
+        time.sleep(c.timeout + 1)
         got += [k for k, _ in it]
     assert got == keys
 

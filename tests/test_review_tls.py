@@ -182,6 +182,8 @@ def test_cli_hint_for_a_server_certificate_that_expired_while_serving(procs, odd
         except RuntimeError:  # exited: "expired on ..." when it read the certificate too late
             if time.time() < deadline or seconds == 40:
                 raise
+    # Until the certificate's notAfter (at the latest ``deadline``; +1 s: it has whole seconds):
+    # a wait for a known instant of the clock, which can only be longer on a loaded machine.
     time.sleep(max(0.0, deadline - time.time()) + 1)
     r = sievekv(tmp_path, "get", "k", "--router", s.address, "--tls-ca", odd.ca,
                 "--timeout", "5")
