@@ -18,9 +18,10 @@ KIND_VALUE = 1  # a live value
 # ---------------------------------------------------------------------------------------------
 # SSTable (docs/format.md, "SSTable")
 # ---------------------------------------------------------------------------------------------
-TABLE_FORMAT_VERSION = 2  # "SSTable", "Versions": tables with data block hash indexes
-TABLE_FORMAT_VERSION_PLAIN = 1  # what the writer writes when no data block has one
-TABLE_FORMAT_VERSIONS_READ = (1, 2)  # versions a reader accepts
+TABLE_FORMAT_VERSION = 3  # "SSTable", "Versions": tables with a compressed data block
+TABLE_FORMAT_VERSION_HASHED = 2  # no compressed block, some data block has a hash index
+TABLE_FORMAT_VERSION_PLAIN = 1  # what the writer writes when no data block has either
+TABLE_FORMAT_VERSIONS_READ = (1, 2, 3)  # versions a reader accepts
 TABLE_MAGIC = 0x5349455645545331  # b"SIEVETS1" read as a big-endian u64; "SSTable", "Footer"
 # Footer: metaindex (u64 offset, u32 size), index (u64 offset, u32 size), u64 meta_start,
 # u32 format version, u32 masked CRC32C of the 36 bytes before it, u64 magic ("Footer").
@@ -30,6 +31,22 @@ TABLE_FOOTER_SIZE = TABLE_FOOTER.size  # 48
 BLOCK_TRAILER = struct.Struct("<BI")
 BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size  # 5
 BLOCK_TYPE_DATA = 1  # "Blocks": the type byte names what the handle must point at
+# The type byte's low 4 bits are the block kind (BLOCK_TYPE_*), its high 4 bits how the
+# contents are stored ("Block compression", format version 3): 0 as built, else a compression
+# code, RocksDB's CompressionType numbers. Only data blocks are ever compressed.
+BLOCK_KIND_MASK = 0x0F
+BLOCK_COMPRESSION_SHIFT = 4
+COMPRESSION_NONE = 0
+COMPRESSION_LZ4 = 4  # LZ4 block format, no frame (RocksDB kLZ4Compression)
+COMPRESSION_ZSTD = 7  # one Zstandard frame, RFC 8878 (RocksDB kZSTD)
+COMPRESSION_CODES = {"none": COMPRESSION_NONE, "lz4": COMPRESSION_LZ4, "zstd": COMPRESSION_ZSTD}
+# A compressed block's stored contents: varint32 uncompressed length, then the stream. A
+# writer compresses only blocks of at most this many bytes; a reader rejects a larger stated
+# length as corruption before it allocates anything ("Block compression").
+BLOCK_MAX_UNCOMPRESSED = 16 << 20
+# The compressed form is kept only if it saves at least 1/8: stored < raw - raw // 8
+# (RocksDB's GoodCompressionRatio); else the block is stored as built.
+BLOCK_COMPRESSION_MIN_SAVING = 8
 # Data block hash index ("Data block hash index", format version 2): bit 31 of a block's last
 # u32 says the block ends with a hash index: slot u8 x B, then B as u16, before that u32.
 BLOCK_HASH_FLAG = 1 << 31

@@ -16,13 +16,14 @@ import time
 
 from ..errors import InvalidArgumentError
 from ..filters import get_policy
-from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
+from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES, ENTRY_TAG,
                       FILTER_PAGE_SIZE, KIND_DELETE, KIND_VALUE, MAX_SEQUENCE,
                       META_FILTER_INDEX, META_PROPERTIES, TABLE_FORMAT_VERSION,
-                      TABLE_FORMAT_VERSION_PLAIN)
+                      TABLE_FORMAT_VERSION_HASHED, TABLE_FORMAT_VERSION_PLAIN)
 from ..vfs import WritableFile
 from .block_builder import BlockBuilder
+from .compression import compression_code, seal_data
 from .filter_builder import PartitionedFilterBuilder, round_up_pages
 from .footer import Footer
 from .handle import BlockHandle, seal
@@ -58,12 +59,14 @@ class TableBuilder:
                         if policy is not None else None)
         self._last_key: bytes | None = None
         self._pending: BlockHandle | None = None  # last block's handle, awaiting its separator
-        self._props = TableProperties(smallest_seq=MAX_SEQUENCE)
+        self._props = TableProperties(smallest_seq=MAX_SEQUENCE,
+                                      compression=options.compression)
+        self._compression = compression_code(options.compression)
         self._done = False
         self.num_entries = 0
         # The oldest format that describes what was written (docs/format.md, "Versions"): 1
-        # unless some data block carries a hash index, so tables without one stay readable by
-        # format-1 readers.
+        # unless some data block carries a hash index (2) or is stored compressed (3), so
+        # tables without them stay readable by older readers.
         self._version = TABLE_FORMAT_VERSION_PLAIN
 
     def add(self, key: bytes, seq: int, kind: int, value: bytes) -> None:
@@ -103,9 +106,18 @@ class TableBuilder:
 
     def _flush(self) -> None:
         contents = self._block.finish()
-        if contents[-1] & 0x80:  # bit 31 of the restart count: this block has a hash index
+        if contents[-1] & 0x80 and self._version < TABLE_FORMAT_VERSION_HASHED:
+            self._version = TABLE_FORMAT_VERSION_HASHED  # bit 31 of the restart count: hashed
+        sealed, compressed = seal_data(contents, self._compression)
+        size = len(sealed) - BLOCK_TRAILER_SIZE
+        self._pending = BlockHandle(self._offset, size)
+        self._file.append(sealed)
+        self._offset += len(sealed)
+        p = self._props
+        p.uncompressed_data_bytes += len(contents) + BLOCK_TRAILER_SIZE
+        if compressed:
+            p.compressed_data_blocks += 1
             self._version = TABLE_FORMAT_VERSION
-        self._pending = self._write(contents, BLOCK_TYPE_DATA)
         self._block.reset()
 
     def _end_block(self, separator: bytes) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 from ..format import FILTER_PAGE_SIZE
+from .compression import compression_code
 
 # Largest filter partition a builder makes: every partition is built in memory whole, and a
 # probe faults in (and filter_memory_cap evicts) one at a time. engine.options caps the DB
@@ -26,6 +27,10 @@ class TableOptions:
     entries with a hash index (docs/format.md, "Data block hash index": 2 bytes per entry,
     ~1.6% of a 4 KiB block of 100-byte values) so a point read hashes to its entry instead of
     binary-searching; a block with more entries (tiny values in big blocks) gets none.
+    ``compression``: how data blocks are stored (docs/format.md, "Block compression"):
+    ``"none"`` (the default here: a builder used directly writes what it always wrote; the DB
+    passes its own ``compression`` option), ``"lz4"`` or ``"zstd"``. A block is kept
+    compressed only if that saves at least 1/8; a table with a compressed block is format 3.
     ``filter_policy``: the filter kind (``engine.filters.get_policy`` name); None = no filter.
     ``bits_per_key``: filter bits per key the partitions are sized for (> 0 with a policy).
     ``partition_bytes``: target size of one filter partition. Partitions are whole pages, so
@@ -39,6 +44,7 @@ class TableOptions:
     block_size: int = 4096
     restart_interval: int = 1
     data_block_hash_index: bool = True
+    compression: str = "none"
     filter_policy: str | None = "blocked-bloom"
     bits_per_key: float = 10.0
     partition_bytes: int = 4096
@@ -52,6 +58,7 @@ class TableOptions:
                 f"restart_interval must be a positive int, not {self.restart_interval!r}")
         if not isinstance(self.data_block_hash_index, bool):
             raise InvalidArgumentError("data_block_hash_index must be a bool")
+        compression_code(self.compression)  # InvalidArgumentError for an unknown name
         if self.filter_policy is not None:
             if not isinstance(self.filter_policy, str):
                 raise InvalidArgumentError("filter_policy must be a str or None")

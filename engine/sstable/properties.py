@@ -48,12 +48,21 @@ class TableProperties:
     partition_bytes: int = 0
     format_version: int = 0
     creation_time: int = 0  # seconds since the Unix epoch
+    # Block compression (format 3; written by every writer since, absent from older tables,
+    # whose readers take the defaults below: see _OPTIONAL).
+    compression: str = "none"  # the builder's setting: "none", "lz4" or "zstd"
+    compressed_data_blocks: int = 0  # data blocks stored compressed
+    uncompressed_data_bytes: int = 0  # data_bytes if every data block were stored raw
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 _KINDS = {f.name: f.type for f in fields(TableProperties)}
+# Names added after format 2 that tables written before them lack; a missing one takes this
+# value (uncompressed_data_bytes: None = the table's data_bytes). Any other missing name is
+# corruption.
+_OPTIONAL = {"compression": "none", "compressed_data_blocks": 0, "uncompressed_data_bytes": None}
 _BY_KEY = {name.encode(): (name, kind) for name, kind in _KINDS.items()}
 
 
@@ -105,9 +114,12 @@ def decode_properties(block: Block) -> TableProperties:
                 if not isinstance(value, dict):
                     raise ValueError(f"{name} is not a JSON object")
             values[name] = value
-        missing = _KINDS.keys() - values.keys()
+        missing = _KINDS.keys() - values.keys() - _OPTIONAL.keys()
         if missing:
             raise ValueError(f"missing {sorted(missing)}")
+        for name, default in _OPTIONAL.items():
+            if name not in values:
+                values[name] = values["data_bytes"] if default is None else default
     except (ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
         raise CorruptionError(f"properties block: {exc}", path=block.path,
                               offset=block.offset) from None

@@ -22,6 +22,12 @@ first probe), and only on "may match" reads one data block. How it reads the blo
   reopened.
 * ``mmap_reads=False``: one ``pread`` per block through the block cache, if any.
 
+A compressed data block (docs/format.md "Block compression") is checked (CRC of the stored
+bytes) and then decompressed (engine/sstable/compression.py); its contents always go through
+the block cache, mapped reads included: a mapped get that finds the block compressed marks it
+(``_in_place[i] = 2``) and later gets look in the cache first, so a hot block is decompressed
+once. Raw blocks keep the paths above.
+
 Tables written with restart interval 1 (the properties say so) are searched by
 :func:`~engine.sstable.block.find_whole` on the verified contents, and the cache holds those
 contents; other tables build and cache a :class:`Block`. Scans (``iterate``) always read with
@@ -68,6 +74,7 @@ from .block import Block, find_hashed, find_whole
 from .filter_builder import round_up_pages
 from .filter_reader import PartitionedFilter
 from .footer import Footer
+from .compression import unseal_data
 from .handle import BlockHandle, decode_handle, unseal
 from .index import decode_index
 from .properties import decode_properties
@@ -160,12 +167,17 @@ class Table:
             raise CorruptionError("index disagrees with the properties", path=path,
                                   offset=footer.index.offset)
         # Mapped reads: gets bypass the block cache (module docstring); an empty table has
-        # nothing to map.
+        # nothing to map. Compressed blocks are the exception: their decompressed contents
+        # go through the block cache (a hot block is decompressed once), found by the
+        # _in_place mark of restart-interval-1 tables and, in tables of another interval that
+        # hold any compressed block, by every get.
         self._mapped = mmap_reads and n > 0
-        if self._mapped:
+        if self._mapped and (self._whole or not props.compressed_data_blocks):
             self._cache = None
-        # Per data block, with verify_every_read off: 1 once a mapped get has verified its
-        # checksum and seen its hash index; later gets read it in place (find_hashed).
+        # Per data block of a mapped table: 1 (verify_every_read off) once a get has verified
+        # its checksum and seen its hash index, so later gets read it in place (find_hashed);
+        # 2 once a get found it compressed, so later gets take its decompressed contents from
+        # the block cache.
         self._in_place = bytearray(n if self._mapped else 0)
         self._verify_every_read = verify_every_read
         self._filter: PartitionedFilter | None = None
@@ -246,11 +258,17 @@ class Table:
             return None
         self.data_blocks_read += 1
         m = self._data_map
+        if m is None and self._mapped and self._map_data():  # the table's first mapped get
+            m = self._data_map
         if m is not None and self._whole:
             # Mapped, restart interval 1 (the default).
             off = self._offsets[i]
             end = off + self._sizes[i]
-            if self._in_place[i]:
+            mark = self._in_place[i]
+            if mark == 2:  # compressed: the decompressed contents, through the block cache
+                data = self._cached_contents(i)
+                r = find_whole(data, key, self.path, off)
+            elif mark:
                 self.data_block_file_reads += 1
                 # verify_every_read off, and the block verified by an earlier get and hash-
                 # indexed: read the few bytes the lookup needs in place (no 4 KiB copy and CRC;
@@ -284,7 +302,15 @@ class Table:
                 if (len(t) != BLOCK_TRAILER_SIZE or t[0] != BLOCK_TYPE_DATA
                         or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
                         != _u32_at(t, 1)[0]):
-                    data = self._read_contents(i)  # raises the CorruptionError naming it
+                    # Damaged (raises the CorruptionError naming it) or compressed (checked
+                    # and decompressed: kept in the block cache, and marked so later gets
+                    # look there first).
+                    data = self._read_contents(i)
+                    if len(t) == BLOCK_TRAILER_SIZE and t[0] != BLOCK_TYPE_DATA:
+                        self._in_place[i] = 2
+                        cache = self._scan_cache
+                        if cache is not None:
+                            cache.insert(self._cache_keys[i], data, len(data))
                 else:
                     self.data_block_file_reads += 1
                     if (len(data) >= 4 and _u32_at(data, len(data) - 4)[0] > BLOCK_HASH_FLAG
@@ -400,14 +426,28 @@ class Table:
         else:
             raw = self._file.read_at(offset, size + BLOCK_TRAILER_SIZE)
         contents = raw[:size]
-        # Fast check of the trailer (type byte, then the masked CRC32C of contents + type);
-        # anything else goes through unseal, which names the exact failure.
+        # Fast check of the trailer of a raw block (type byte, then the masked CRC32C of
+        # contents + type); anything else goes through unseal_data, which decompresses a
+        # compressed block (after its CRC) or names the exact failure.
         if (len(raw) != size + BLOCK_TRAILER_SIZE or raw[size] != BLOCK_TYPE_DATA
                 or mask(_crc_extend(_crc_value(contents), _DATA_TYPE_BYTE))
                 != _u32_at(raw, size + 1)[0]):
-            contents = unseal(raw, BlockHandle(offset, size), BLOCK_TYPE_DATA, self.path)
+            contents = unseal_data(raw, BlockHandle(offset, size), self.path)
         self.data_block_file_reads += 1
         return contents
+
+    def _cached_contents(self, i: int) -> bytes:
+        """Data block ``i``'s verified (decompressed) contents through the block cache (the
+        scans' cache, which mapped tables keep too): read, checked and inserted on a miss."""
+        cache = self._scan_cache
+        if cache is None:
+            return self._read_contents(i)
+        ck = self._cache_keys[i]
+        data = cache.get(ck)
+        if data is None:
+            data = self._read_contents(i)
+            cache.insert(ck, data, len(data))
+        return data
 
     def _map_data(self) -> bool:
         """Map the data blocks ``[0, data_bytes)`` read-only, ``MADV_RANDOM`` (no readahead
