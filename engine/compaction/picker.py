@@ -21,8 +21,14 @@ Leveled compaction, as in LevelDB/RocksDB:
   range has nothing below it is rewritten in place at Ln with its tombstones dropped (an
   *elision*: ``output_level == level``, never a trivial move, which would keep them); any
   other Ln table goes to Ln+1 with its overlaps there (a trivial move if there are none).
-  Size-triggered work always comes first, so the only cost is paid when the tree is within
-  its targets: a DB that goes idle after deletes gives the space back without DB.compact().
+  The task as a whole must be as dense: its inputs' tombstones >= ratio x their entries,
+  overlaps included (else the next candidate is tried). That bounds the cost (at most
+  1/ratio entries rewritten per tombstone moved or dropped) and keeps the steady churn of a
+  workload with some deletes from turning every flush into an L0 -> L1 compaction (a flush
+  with 30% tombstones over a much larger L1 is not dense as a task; bench/delete_space.py,
+  "churn"); Cassandra checks a single SSTable's overlaps for the same reason
+  (unchecked_tombstone_compaction). Size-triggered work always comes first: a DB that goes
+  idle after deletes gives the space back without DB.compact().
 
   It terminates: let P = sum over every entry of every table of (NUM_LEVELS - its level).
   Every compaction the picker returns lowers P: a level or tombstone task moves each entry
@@ -147,33 +153,36 @@ def tombstone_density(f) -> float:
 
 
 def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
-    """The "tombstones" compaction of the densest table with density >= ``ratio`` (module
-    docstring), or None (also when ``ratio`` is 0 or None: disabled). Ties go to the
-    shallower level, then the older table. O(total tables)."""
+    """The "tombstones" compaction (module docstring), or None (also when ``ratio`` is 0 or
+    None: disabled). Candidates are the tables with density >= ``ratio``, densest first (ties:
+    the shallower level, then the older table); the first whose task is also that dense as a
+    whole (tombstones / entries over every input, the overlaps below included) is returned.
+    O(candidates x tables)."""
     if not ratio:
         return None
     levels = _levels_of(version)
-    best = None
-    best_key = None
+    candidates = []
     for n, files in enumerate(levels):
         for f in files:
-            if f.num_deletions <= 0:
-                continue
-            d = tombstone_density(f)
-            if d < ratio:
-                continue
-            key = (d, -n, -f.number)
-            if best_key is None or key > best_key:
-                best, best_key = (n, f), key
-    if best is None:
-        return None
-    n, f = best
-    d = best_key[0]
-    if n == 0:
-        return level_task(levels, 0, reason="tombstones", score=d)
-    if is_bottommost(levels, n, f.smallest, f.largest):
-        return CompactionTask(n, n, (f,), (), True, False, "tombstones", d)
-    return level_task(levels, n, reason="tombstones", score=d, files=(f,))
+            if f.num_deletions > 0 and tombstone_density(f) >= ratio:
+                candidates.append((-tombstone_density(f), n, f.number, f))
+    candidates.sort(key=lambda c: c[:3])
+    l0_done = False
+    for neg_d, n, _, f in candidates:
+        if n == 0:
+            if l0_done:
+                continue  # every L0 table makes the same task
+            l0_done = True
+            task = level_task(levels, 0, reason="tombstones", score=-neg_d)
+        elif is_bottommost(levels, n, f.smallest, f.largest):
+            task = CompactionTask(n, n, (f,), (), True, False, "tombstones", -neg_d)
+        else:
+            task = level_task(levels, n, reason="tombstones", score=-neg_d, files=(f,))
+        files = task.all_inputs
+        entries = sum(x.num_entries for x in files)
+        if entries and sum(x.num_deletions for x in files) >= ratio * entries:
+            return task
+    return None
 
 
 def level_task(levels, level: int, *, reason: str, score: float = 0.0,
