@@ -224,6 +224,7 @@ def table_options(options, bits_per_key: float) -> TableOptions:
     policy = options.filter_policy if bits_per_key >= MIN_BITS_PER_KEY else None
     return TableOptions(block_size=options.block_size, restart_interval=options.restart_interval,
                         data_block_hash_index=options.data_block_hash_index,
+                        compression=options.compression,
                         filter_policy=policy, bits_per_key=bits_per_key if policy else 10.0,
                         partition_bytes=options.partition_bytes)
 

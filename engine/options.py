@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 from .format import NUM_LEVELS  # levels L0..L6, as in LevelDB and RocksDB
+from .format import COMPRESSION_CODES  # why: compression's doc
 from .sstable.options import MAX_PARTITION_BYTES  # why: partition_bytes' doc
 
 MiB = 1 << 20
@@ -58,6 +59,7 @@ class Options:
     block_size: int = _opt(4096, "data block size, bytes", lo=256)
     restart_interval: int = _opt(1, "keys between restart points in a data block (1: keys stored whole, point reads binary-search the restart array)", lo=1)
     data_block_hash_index: bool = _opt(True, "with restart_interval 1, end each data block of at most 255 entries with a hash index (2 bytes per entry) so a get hashes to its entry instead of binary-searching (blocks with more entries, e.g. tiny values in big blocks, get none)")
+    compression: str = _opt("lz4", "how new tables store their data blocks: \"lz4\" (LZ4 block format), \"zstd\" (Zstandard level 3: smaller, slower to write and read) or \"none\"; a block is kept compressed only if that saves at least 1/8, so incompressible values cost a trial compression per block on writes and nothing on reads; a compressed block is decompressed on the first get or scan that reads it and its contents kept in the block cache (block_cache_bytes), mapped or not. Tables keep the setting they were written with until compaction rewrites them (docs/format.md \"Block compression\"; bench/results/db.md \"Session 11: block compression\")")
     block_cache_bytes: int = _opt(8 * MiB, "LRU cache of data blocks read by scans, and by gets when mmap_reads is off (bytes, 0: none)", lo=0)
     raise_open_file_limit: bool = _opt(True, "raise the process's soft open-file limit (RLIMIT_NOFILE) to the hard one when the open tables need more descriptors (3 per table; engine/open_files.py). False: leave it, and a table past the limit fails to open")
     mmap_reads: bool = _opt(True, "gets read data blocks from a read-only memory mapping of each table (LevelDB's default on 64-bit), each block's checksum verified on every read (see verify_every_read), bypassing the block cache; costs one more file descriptor per open table; a table the OS will not map reads with pread; a disk error under a mapped page ends the process (SIGBUS) instead of failing the read. False: pread through the block cache")
@@ -142,6 +144,10 @@ class Options:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad level {level!r}")
                 if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 <= bits < math.inf:
                     raise InvalidArgumentError(f"option bits_per_key_per_level: bad bits {bits!r} for level {level}")
+        if not isinstance(self.compression, str) or self.compression not in COMPRESSION_CODES:
+            raise InvalidArgumentError(
+                f"option compression must be one of {', '.join(map(repr, COMPRESSION_CODES))}, "
+                f"got {self.compression!r}")
 
     def _validate_filters(self) -> None:
         """The filter policy must be a known name and every configured bits-per-key value

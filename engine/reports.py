@@ -37,6 +37,10 @@ probes, negatives, positives, true positives, errors) plus:
   pages) against the budget, and per run its filter bytes and tables without a filter;
 - ``cap``: the resident-filter cap, tracked resident bytes, faults and evictions.
 
+stats() also reports block compression: per level and in total (``compression``, with the
+option's ``setting``) the data blocks' bytes as stored and as they would be raw, and their
+ratio (docs/format.md "Block compression").
+
 Both take no DB lock beyond reading the current read state; counters are read racily (fine
 for statistics).
 """
@@ -142,6 +146,7 @@ def stats(db) -> dict:
         "path": db.path,
         "levels": levels,
         "total_table_bytes": sum(lv["bytes"] for lv in levels),
+        "compression": _compression(db, rs, levels),
         "memtable": {"bytes": rs.mem.approximate_bytes, "entries": len(rs.mem),
                      "frozen": len(rs.frozen),
                      "frozen_bytes": sum(m.approximate_bytes for m in rs.frozen)},
@@ -200,6 +205,32 @@ def stats(db) -> dict:
         "recovered_tables": c.recovered_tables,
         "counters": asdict(c),
     }
+
+
+def _compression(db, rs, levels: list[dict]) -> dict:
+    """Block compression of the live tables, from their properties (docs/format.md
+    "Properties block"): per level (added to each row of ``levels``) and in total, the data
+    blocks' bytes as stored and as they would be raw, and ``ratio`` = raw / stored (1.0 when
+    nothing is compressed; None without data). ``setting``: the option new tables get."""
+    rows = {lv["level"]: dict(data_bytes=0, uncompressed_data_bytes=0, data_blocks=0,
+                              compressed_data_blocks=0) for lv in levels}
+    for level, _, t in _live_tables(rs):
+        p = t.properties
+        row = rows[level]
+        row["data_bytes"] += p.data_bytes
+        row["uncompressed_data_bytes"] += p.uncompressed_data_bytes
+        row["data_blocks"] += p.num_data_blocks
+        row["compressed_data_blocks"] += p.compressed_data_blocks
+    total = {k: sum(r[k] for r in rows.values()) for k in next(iter(rows.values()))}
+    for lv in levels:
+        row = rows[lv["level"]]
+        lv.update(row, compression_ratio=_ratio(row))
+    return {"setting": db.options.compression, **total, "ratio": _ratio(total)}
+
+
+def _ratio(row: dict):
+    return (round(row["uncompressed_data_bytes"] / row["data_bytes"], 3) if row["data_bytes"]
+            else None)
 
 
 def _filter_probes(tables) -> dict:

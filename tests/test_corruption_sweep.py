@@ -59,6 +59,7 @@ OPTS = dict(
     l0_compaction_trigger=8,  # the L0 tables stay in L0 (no compaction during the sweep)
     l0_slowdown_trigger=20,
     l0_stop_trigger=36,
+    compression="none",  # regions below are of raw blocks; compressed: test_sweep_compressed_*
 )
 N_KEYS = 700
 LOG_BATCHES = 10  # batches written last: one log record each
@@ -652,3 +653,61 @@ def test_a_failed_open_releases_the_directory_lock(tmp_path):
             assert db.get(b"k") == b"v"
     finally:
         _close_what_a_failed_open_left(path)  # the descriptors the failed open kept
+
+
+# ---------------------------------------------------------------------------------------------
+# compressed data blocks (docs/format.md "Block compression"): every byte of each block's
+# length varint and trailer, and a seeded sample of its stream
+# ---------------------------------------------------------------------------------------------
+COMPRESSED_STREAM_SAMPLES = 6  # stream offsets flipped per compressed block
+class ErrorRequired(AnyErrorOrRight):
+    """A flip in a compressed block's stored bytes or trailer fails the block's CRC (or, in
+    the type byte, names another codec or kind): the read of that block must raise. Gets,
+    multi_get and the scan read every block, so the outcome carries an error."""
+
+    def __call__(self, off, out):
+        if not isinstance(out.error, CorruptionError):
+            raise Violation(f"a flip in a compressed block read as {out.error!r}")
+
+
+def _build_compressed(path: str, codec: str) -> Built:
+    rng = random.Random(f"{SEED}:{codec}")
+    model = {}
+    opts = dict(OPTS, compression=codec, block_size=1024, memtable_bytes=1 << 20)  # one table
+    with engine.DB.open(path, **opts) as db:
+        for i in range(300):
+            k = b"k%05d" % (2 * i)
+            v = b'{"id": %d, "user": "user%03d", "tags": ["a", "b"]}' % (i, rng.randrange(1000))
+            db.put(k, v)
+            model[k] = v
+        db.flush()
+    probes = sorted({b"k%05d" % i for i in range(620)} | {b"a", b"zzz"})
+    b = Built(path, [model], model, probes)
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            b.files[name] = f.read()
+    return b
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_sweep_compressed_blocks(tmp_path, codec):
+    b = _build_compressed(str(tmp_path / "db"), codec)
+    (name,) = _names(b, "table")
+    raw = b.files[name]
+    footer = Footer.decode(raw[-TABLE_FOOTER_SIZE:], len(raw), None)
+    index = Block(raw[footer.index.offset: footer.index.offset + footer.index.size])
+    last = index.whole_entries()[-1]
+    h = decode_handle(index.data, last[1], last[2])[0]
+    _, offs, sizes = decode_index(index, h.offset + h.size + BLOCK_TRAILER_SIZE)
+    types = [raw[o + s] for o, s in zip(offs, sizes)]
+    assert len(offs) >= 4 and all(t >> 4 == {"lz4": 4, "zstd": 7}[codec] for t in types), types
+    rng = random.Random(f"{SEED}:{codec}:offsets")
+    spots = []
+    for o, s in zip(offs, sizes):
+        spots += range(o, o + 3)  # raw_len's varint (2 bytes here) and the stream's first
+        spots += sorted(rng.sample(range(o + 3, o + s), min(COMPRESSED_STREAM_SAMPLES, s - 3)))
+        spots += range(o + s, o + s + BLOCK_TRAILER_SIZE)  # type byte and CRC
+    counts = _sweep(b, str(tmp_path / "copy"), name, spots, f"compressed:{codec}",
+                    ErrorRequired(b))
+    print(f"\nseed {SEED} {codec} {name}: {len(offs)} compressed blocks, {len(spots)} "
+          f"flips: {counts}")

@@ -1,7 +1,8 @@
 """docs/format.md as a spec: an independent reader written from the document alone.
 
 The decoder below (everything above "The engine writes, the spec reads") uses only the standard
-library, mmh3 and google_crc32c: it imports nothing from engine/. Each function names the
+library, mmh3, google_crc32c, and lz4 and zstandard (the codecs "Block compression" names): it
+imports nothing from engine/. Each function names the
 section of docs/format.md it implements. The tests have the real engine write a DB in tmp_path
 (puts, deletes, batches, flushes, compactions, reopen), then decode every file with this reader
 and check that every entry, CRC, filter bit, property and byte is explained by the document.
@@ -23,7 +24,9 @@ import struct
 import time
 
 import google_crc32c
+import lz4.block
 import mmh3
+import zstandard
 import pytest
 
 PAGE = 4096
@@ -165,10 +168,15 @@ PROPERTIES = {
                      "raw_key_bytes", "raw_value_bytes", "data_bytes", "index_bytes",
                      "num_data_blocks", "filter_bytes", "filter_index_bytes",
                      "num_filter_partitions", "block_size", "restart_interval",
-                     "partition_bytes", "format_version", "creation_time"], "int"),
+                     "partition_bytes", "format_version", "creation_time",
+                     "compressed_data_blocks", "uncompressed_data_bytes"], "int"),
+    "compression": "str",
     "smallest_key": "bytes", "largest_key": "bytes", "filter_policy": "str",
     "filter_params": "json", "bits_per_key": "float", "effective_bits_per_key": "float",
 }
+# "Properties block": names a table written before format 3 may lack, and what a reader takes.
+OPTIONAL_PROPERTIES = {"compression": "none", "compressed_data_blocks": 0,
+                       "uncompressed_data_bytes": None}  # None: data_bytes
 
 
 def decode_property(enc: str, raw: bytes):
@@ -275,6 +283,49 @@ def may_match(policy: str, filt: bytes, key: bytes) -> bool:
     return all(filt[j // 8] >> (j % 8) & 1 for j in bits)
 
 
+# --- "Block compression" -------------------------------------------------------------------
+LZ4, ZSTD = 4, 7  # compression codes: the high 4 bits of a data block's type byte
+MAX_RAW = 16 * 2 ** 20  # BLOCK_MAX_UNCOMPRESSED
+
+
+def encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def decompress(stored: bytes, code: int) -> bytes:
+    """stored bytes := raw_len varint32 | stream; the stream decodes to exactly raw_len bytes."""
+    raw_len, pos = varint(stored, 0, len(stored), 5)
+    need(1 <= raw_len <= MAX_RAW, "raw_len out of range")
+    stream = stored[pos:]
+    need(code in (LZ4, ZSTD), f"unknown compression code {code}")
+    try:
+        if code == LZ4:
+            out = lz4.block.decompress(stream, uncompressed_size=raw_len)
+        else:
+            stated = zstandard.frame_content_size(stream)
+            need(stated in (-1, raw_len), "zstd frame states another content size")
+            out = zstandard.ZstdDecompressor().decompress(stream, max_output_size=raw_len,
+                                                           allow_extra_data=False)
+    except (lz4.block.LZ4BlockError, zstandard.ZstdError) as exc:
+        raise SpecError(f"stream does not decode: {exc}") from None
+    need(len(out) == raw_len, "stream does not decode to raw_len bytes")
+    return out
+
+
+def writer_compress(contents: bytes, code: int) -> bytes:
+    """What the writer rule stores for ``contents`` under ``code`` before the 1/8 test."""
+    if code == LZ4:
+        stream = lz4.block.compress(contents, store_size=False)
+    else:
+        stream = zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=False,
+                                          write_dict_id=False).compress(contents)
+    return encode_varint(len(contents)) + stream
+
+
 # --- "SSTable" -----------------------------------------------------------------------------
 FOOTER = struct.Struct("<QIQIQIIQ")
 TABLE_MAGIC = 0x5349455645545331
@@ -292,7 +343,7 @@ class Table:
          magic) = FOOTER.unpack(footer)
         need(magic == TABLE_MAGIC, "bad magic")
         need(crc == masked_crc(footer[:36]), "footer CRC")
-        need(self.version in (1, 2), "unknown format version")
+        need(self.version in (1, 2, 3), "unknown format version")
         self.cover.mark(self.size - 48, self.size, "footer")
         meta = Block(self.block((mi_off, mi_size), BLOCK_METAINDEX))
         self.handles = handles = {name: decode_handle(v) for name, v in meta.entries}
@@ -300,7 +351,10 @@ class Table:
         raw = Block(self.block(handles[b"sievekv.properties"], BLOCK_PROPERTIES)).entries
         self.extra_properties = sorted(n.decode() for n, _ in raw if n.decode() not in PROPERTIES)
         props = {n.decode(): v for n, v in raw}
-        self.props = {n: decode_property(e, props[n]) for n, e in PROPERTIES.items()}
+        self.props = {n: decode_property(e, props[n]) for n, e in PROPERTIES.items()
+                      if n in props or n not in OPTIONAL_PROPERTIES}
+        for n, default in OPTIONAL_PROPERTIES.items():
+            self.props.setdefault(n, self.props["data_bytes"] if default is None else default)
         p = self.props
         index = Block(self.block((ix_off, ix_size), BLOCK_INDEX))
         self.index = [(key, decode_handle(v)) for key, v in index.entries]
@@ -315,9 +369,11 @@ class Table:
         need(pos == self.size - 48, "meta tail does not end at the footer")
         # Data blocks (invariant 1): contiguous from 0 to data_bytes.
         self.blocks, self.entries, pos = [], [], 0
+        # Per data block: compression code, contents length, (stored bytes, contents).
+        self.codes, self.raw_sizes, self.stored = [], [], []
         for key, (off, size) in self.index:
             need(off == pos, "gap between data blocks")
-            block = Block(self.block((off, size), BLOCK_DATA), p["restart_interval"])
+            block = Block(self.data_block((off, size)), p["restart_interval"])
             self.blocks.append(block)
             for k, v in block.entries:
                 need(len(v) >= 8, "data value shorter than its tag")
@@ -357,10 +413,26 @@ class Table:
         off, size = handle
         need(off + size + 5 <= self.size - 48, "block past the footer")
         contents, t = self.data[off:off + size], self.data[off + size]
-        need(t == btype, f"block type {t}, expected {btype}")
         need(struct.unpack_from("<I", self.data, off + size + 1)[0] == masked_crc(contents + bytes([t])),
              "block CRC")
+        need(t == btype, f"block type {t}, expected {btype}")
         self.cover.mark(off, off + size + 5, f"block type {btype}")
+        return contents
+
+    def data_block(self, handle: tuple[int, int]) -> bytes:
+        """A data block ("Block compression"): type byte 1 | c << 4, c in {0, 4, 7}; the CRC
+        covers the stored bytes, which for c != 0 decode to the block contents."""
+        off, size = handle
+        need(off + size + 5 <= self.size - 48, "block past the footer")
+        stored, t = self.data[off:off + size], self.data[off + size]
+        need(struct.unpack_from("<I", self.data, off + size + 1)[0] == masked_crc(stored + bytes([t])),
+             "block CRC")
+        need(t & 0x0F == BLOCK_DATA and t >> 4 in (0, LZ4, ZSTD), f"data block type {t}")
+        self.cover.mark(off, off + size + 5, f"data block type {t}")
+        contents = stored if t == BLOCK_DATA else decompress(stored, t >> 4)
+        self.codes.append(t >> 4)
+        self.raw_sizes.append(len(contents))
+        self.stored.append((stored, contents))
         return contents
 
     def zeros(self, start: int, end: int, what: str) -> None:
@@ -499,6 +571,9 @@ class DirImage:
 # The engine writes, the spec reads.
 # ============================================================================================
 from engine.db import DB  # noqa: E402  (the tests drive the engine; the decoder above does not)
+from engine.options import Options  # noqa: E402
+
+DEFAULT_COMPRESSION = {n: d for n, d, _ in Options.describe()}["compression"]
 
 
 def find_separator(a: bytes, b: bytes) -> bytes:
@@ -528,16 +603,33 @@ class Model:
             self.ops[self.seq] = (key, 0 if value is None else 1, value or b"")
 
 
-def workload(db, model: Model, rnd, n: int, value_len) -> None:
+def random_value(rnd, n: int) -> bytes:
+    return bytes(rnd.randrange(256) for _ in range(n))
+
+
+def record_value(rnd, n: int, key: bytes) -> bytes:
+    """A JSON-like record (repeated field names: compressible) cut to ``n`` bytes, or random
+    bytes for keys below k00001500 (so a table mixes compressed and raw blocks)."""
+    if key < b"k00001500":
+        return random_value(rnd, n)
+    rec = json.dumps({"id": rnd.randrange(10 ** 6), "name": f"user{rnd.randrange(500)}",
+                      "email": f"u{rnd.randrange(10 ** 4)}@example.com", "active": rnd.random() < 0.5,
+                      "tags": ["alpha", "beta", "gamma"][:rnd.randrange(4)]}).encode()
+    return (rec * (n // len(rec) + 1))[:n]
+
+
+def workload(db, model: Model, rnd, n: int, value_len, value=None) -> None:
     keys = [b"k%08d" % rnd.randrange(n * 2) for _ in range(n)] + [b"a", b"a\xff", b"a\xff\x00"]
     for i, key in enumerate(keys):
         if i % 7 == 3:
             model.apply(db, [(key, None)], batch=False)
         elif i % 11 == 5:
-            model.apply(db, [(key, bytes(rnd.randrange(256) for _ in range(value_len()))),
+            model.apply(db, [(key, value(rnd, value_len(), key) if value
+                              else random_value(rnd, value_len())),
                              (keys[i - 1], None), (key + b"!", b"")], batch=True)
         else:
-            model.apply(db, [(key, os.urandom(value_len()))], batch=False)
+            v = value(rnd, value_len(), key) if value else os.urandom(value_len())
+            model.apply(db, [(key, v)], batch=False)
 
 
 SCENARIOS = {
@@ -551,6 +643,16 @@ SCENARIOS = {
     "large-values": dict(opts=dict(bits_per_key=3, block_size=256), n=300,
                          value_len=lambda r: r.choice([10, 5000])),
     "workers": dict(opts=dict(table_workers=2), n=2000, value_len=lambda r: 40),
+    # "Block compression": tables that mix compressed and raw blocks, each codec; and the same
+    # values with compression off (format 2).
+    "lz4-records": dict(opts=dict(compression="lz4"), n=3000, value=record_value,
+                        value_len=lambda r: r.randrange(100, 300)),
+    "zstd-records-interval16": dict(opts=dict(compression="zstd", restart_interval=16,
+                                              block_size=2048),
+                                    n=2000, value=record_value,
+                                    value_len=lambda r: r.randrange(0, 300)),
+    "records-uncompressed": dict(opts=dict(compression="none"), n=1500, value=record_value,
+                                 value_len=lambda r: 150),
     "no-hash-index": dict(opts=dict(data_block_hash_index=False, bits_per_key=24), n=2000,
                           value_len=lambda r: 30),
 }
@@ -566,14 +668,14 @@ def run_scenario(tmp_path, name: str):
     vl = lambda: sc["value_len"](rnd)
     db = DB.open(path, **opts)
     try:
-        workload(db, model, rnd, sc["n"], vl)
+        workload(db, model, rnd, sc["n"], vl, sc.get("value"))
         db.flush()
-        workload(db, model, rnd, sc["n"] // 2, vl)
+        workload(db, model, rnd, sc["n"] // 2, vl, sc.get("value"))
         db.flush()
         images.append(("flushed", DirImage(path)))
         db.compact()
         images.append(("compacted", DirImage(path)))
-        workload(db, model, rnd, 50, vl)
+        workload(db, model, rnd, 50, vl, sc.get("value"))
     finally:
         db.close()
     images.append(("closed", DirImage(path)))
@@ -646,7 +748,7 @@ def test_index_separators_and_block_cutting(scenario):
                 assert sep < t.blocks[i + 1].keys[0]
                 assert sep == find_separator(block.keys[-1], t.blocks[i + 1].keys[0])
                 # "The writer cuts a block once its contents reach block_size": not before.
-                assert t.index[i][1][1] >= p["block_size"]
+                assert t.raw_sizes[i] >= p["block_size"]  # contents as built
                 n = len(block.entries) - 1  # the same block one entry earlier
                 r = len([o for o in block.restarts if o < block.offsets[-1]])
                 hashed = block.slots is not None or (len(block.entries) == 256 and t.version == 2)
@@ -663,7 +765,8 @@ def test_hash_index_presence_and_format_version(scenario):
             expect = hashed and t.props["restart_interval"] == 1 and 1 <= len(block.entries) <= 255
             assert (block.slots is not None) == expect, (stage, number, len(block.entries))
         any_index = any(b.slots is not None for b in t.blocks)
-        assert t.version == (2 if any_index else 1) == t.props["format_version"]
+        compressed = any(t.codes)
+        assert t.version == (3 if compressed else 2 if any_index else 1) == t.props["format_version"]
 
 
 def test_properties_agree_with_the_data(scenario):
@@ -694,6 +797,36 @@ def test_properties_agree_with_the_data(scenario):
                                           "num_probes": filter_k(policy, p["bits_per_key"])}
             sizes = sum(x[2] for x in t.partitions)
             assert p["effective_bits_per_key"] == pytest.approx(8 * sizes / p["num_entries"])
+
+
+CODES = {"none": 0, "lz4": LZ4, "zstd": ZSTD}
+
+
+def test_block_compression_writer_rule_and_properties(scenario):
+    """"Block compression": a block is stored compressed with the table's codec exactly when
+    that saves at least 1/8 (stored < raw_len - raw_len // 8), as the stream the document
+    names; the properties count the compressed blocks and the bytes as built."""
+    name, images, _ = scenario
+    setting = SCENARIOS[name]["opts"].get("compression", DEFAULT_COMPRESSION)
+    code = CODES[setting]
+    seen = set()
+    for stage, _, number, t in all_tables(images):
+        p = t.props
+        assert p["compression"] == setting
+        assert p["compressed_data_blocks"] == sum(c != 0 for c in t.codes)
+        assert p["uncompressed_data_bytes"] == sum(n + 5 for n in t.raw_sizes)
+        for c, (stored, contents) in zip(t.codes, t.stored):
+            seen.add(c)
+            if c:
+                assert c == code and stored == writer_compress(contents, code)
+                assert len(stored) < len(contents) - len(contents) // 8
+            elif code and len(contents) <= MAX_RAW:
+                would = writer_compress(contents, code)
+                assert len(would) >= len(contents) - len(contents) // 8, (stage, number)
+    if "records" in name and code:
+        assert seen == {0, code}, "these scenarios mix compressed and raw blocks"
+    if not code:
+        assert seen == {0}
 
 
 def test_filters_rebuild_bit_for_bit_and_match_every_key(scenario):
@@ -894,9 +1027,53 @@ def sample(tmp_path):
 def test_reader_rejects_another_format_version(sample):
     path, t, data = sample
     assert opens(path, data)
-    assert not opens(path, refooter(bytearray(data), version=3)), "Versions: other versions"
+    assert not opens(path, refooter(bytearray(data), version=4)), "Versions: other versions"
+    assert opens(path, refooter(bytearray(data), version=3)), \
+        "Versions: readers read 3 and accept (here: no) compressed blocks in any version"
     assert t.version == 2 and opens(path, refooter(bytearray(data), version=1)), \
         "Versions: readers accept the hash index flag in any data block"
+
+
+def reseal(data: bytearray, off: int, size: int, stored: bytes, t: int) -> bytearray:
+    """Put ``stored`` (same length) and type ``t`` at the block (off, size), with a valid CRC."""
+    assert len(stored) == size
+    data[off:off + size] = stored
+    data[off + size] = t
+    data[off + size + 1:off + size + 5] = struct.pack("<I", masked_crc(bytes(stored) + bytes([t])))
+    return data
+
+
+@pytest.mark.parametrize("damage", ["unknown-code", "raw-len-over-max", "raw-len-plus-1",
+                                    "raw-len-minus-1", "bad-stream", "compressed-index"])
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_block_compression_reading_rule(tmp_path, codec, damage):
+    """"Block compression", reading rule: with a valid CRC, an unknown code, a raw_len above
+    the maximum, a stream that decodes to another length or not at all, and a code on a block
+    that is not a data block, are each corruption."""
+    entries = [(b"k%05d" % i, i + 1, 1, b'{"name": "v", "n": %d}' % i) for i in range(300)]
+    data = bytearray(build_table(tmp_path / "c.sst", entries, compression=codec))
+    t = Table(bytes(data))
+    path = tmp_path / "t.sst"
+    assert t.version == 3 and all(t.codes) and opens(path, bytes(data))
+    (off, size), typ = t.index[0][1], data[t.index[0][1][0] + t.index[0][1][1]]
+    stored = bytes(data[off:off + size])
+    raw_len, pos = varint(stored, 0, size, 5)
+    assert pos == 2  # 2-byte varint: the fabricated ones below keep the block's length
+    if damage == "unknown-code":
+        bad = reseal(data, off, size, stored, 0x51)
+    elif damage == "raw-len-over-max":
+        bad = reseal(data, off, size, encode_varint(MAX_RAW + 1) + stored[4:], typ)
+    elif damage in ("raw-len-plus-1", "raw-len-minus-1"):
+        n = raw_len + (1 if damage == "raw-len-plus-1" else -1)
+        bad = reseal(data, off, size, encode_varint(n) + stored[2:], typ)
+    elif damage == "bad-stream":
+        bad = reseal(data, off, size, stored[:2] + bytes(b ^ 0x5A for b in stored[2:]), typ)
+    else:  # the index block's type byte with a compression code
+        ioff, isize = FOOTER.unpack(data[-48:])[2:4]
+        bad = reseal(data, ioff, isize, bytes(data[ioff:ioff + isize]), 0x42)
+    with pytest.raises(SpecError):
+        Table(bytes(bad))
+    assert not opens(path, bytes(bad))
 
 
 @pytest.mark.parametrize("name", [

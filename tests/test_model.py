@@ -7,6 +7,8 @@ logs and the manifest. Hypothesis shrinks any failure to a short sequence of ope
 import shutil
 import tempfile
 
+import pytest
+
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
@@ -21,12 +23,15 @@ values = st.binary(min_size=0, max_size=60)
 
 
 class DBModel(RuleBasedStateMachine):
+    """With the default options: lz4 block compression (blocks that save 1/8 compressed)."""
+
     known = Bundle("known")
+    opts = OPTS
 
     @initialize()
     def start(self):
         self.dir = tempfile.mkdtemp(prefix="sievekv-model-")
-        self.db = DB.open(self.dir, **OPTS)
+        self.db = DB.open(self.dir, **self.opts)
         self.model: dict[bytes, bytes] = {}
 
     def teardown(self):
@@ -93,7 +98,7 @@ class DBModel(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.db.close()
-        self.db = DB.open(self.dir, **OPTS)
+        self.db = DB.open(self.dir, **self.opts)
 
     @invariant()
     def no_background_failure(self):
@@ -105,13 +110,31 @@ DBModel.TestCase.settings = settings(max_examples=25, stateful_step_count=40, de
 TestDBModel = DBModel.TestCase
 
 
-def test_full_scan_matches_after_many_random_writes(tmp_path):
+class DBModelZstdPread(DBModel):
+    """Zstandard blocks read with pread through the block cache, and compression off, each
+    against the same dict (docs/format.md "Block compression")."""
+
+    opts = dict(OPTS, compression="zstd", mmap_reads=False)
+
+
+class DBModelUncompressed(DBModel):
+    opts = dict(OPTS, compression="none")
+
+
+for _m in (DBModelZstdPread, DBModelUncompressed):
+    _m.TestCase.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
+TestDBModelZstdPread = DBModelZstdPread.TestCase
+TestDBModelUncompressed = DBModelUncompressed.TestCase
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "none"])
+def test_full_scan_matches_after_many_random_writes(tmp_path, compression):
     """A longer deterministic run than hypothesis does, to reach several levels."""
     import random
 
     rnd = random.Random(5)
     model = {}
-    with DB.open(tmp_path / "db", **OPTS) as db:
+    with DB.open(tmp_path / "db", **dict(OPTS, compression=compression)) as db:
         for i in range(4000):
             k = b"k%04d" % rnd.randrange(1500)
             if rnd.random() < 0.2:
@@ -124,5 +147,6 @@ def test_full_scan_matches_after_many_random_writes(tmp_path):
         db.flush()
         st_ = db.stats()
         assert sum(1 for lv in st_["levels"][1:] if lv["tables"]) >= 2
+        assert (st_["compression"]["compressed_data_blocks"] > 0) == (compression != "none")
         assert list(db.scan()) == sorted(model.items())
         assert db.multi_get(list(model)) == list(model.values())

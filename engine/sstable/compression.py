@@ -42,6 +42,7 @@ _NAMES = {code: name for name, code in COMPRESSION_CODES.items()}
 _crc_value = google_crc32c.value
 _crc_extend = google_crc32c.extend
 _local = threading.local()
+_lz4_decompress = lz4.block.decompress
 
 
 def compression_code(name: str) -> int:
@@ -116,10 +117,10 @@ def decompress(stored, code: int, path: str | None, offset: int) -> bytes:
     if raw_len > BLOCK_MAX_UNCOMPRESSED:
         raise CorruptionError(f"{name} data block: uncompressed length {raw_len} is over the "
                               f"maximum of {BLOCK_MAX_UNCOMPRESSED}", path=path, offset=offset)
-    stream = bytes(stored[pos:])
+    stream = memoryview(stored)[pos:]  # no copy: both codecs read buffers
     try:
         if code == COMPRESSION_LZ4:
-            out = lz4.block.decompress(stream, uncompressed_size=raw_len)
+            out = _lz4_decompress(stream, uncompressed_size=raw_len)
         else:
             _, dctx, content_size, _ = _zstd()
             # A frame that states its own size would be decompressed to that size whatever

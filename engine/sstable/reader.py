@@ -65,7 +65,8 @@ import google_crc32c
 from ..checksum import MASK_DELTA as _MASK_DELTA, mask
 from ..errors import ClosedError, CorruptionError, StorageIOError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
-from ..format import (BLOCK_HASH_FLAG, BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
+from ..format import (BLOCK_COMPRESSION_SHIFT, BLOCK_HASH_FLAG, BLOCK_KIND_MASK,
+                      BLOCK_TRAILER_SIZE, BLOCK_TYPE_DATA, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES,
                       ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
                       TABLE_FOOTER_SIZE)
@@ -74,7 +75,7 @@ from .block import Block, find_hashed, find_whole
 from .filter_builder import round_up_pages
 from .filter_reader import PartitionedFilter
 from .footer import Footer
-from .compression import unseal_data
+from .compression import decompress, unseal_data
 from .handle import BlockHandle, decode_handle, unseal
 from .index import decode_index
 from .properties import decode_properties
@@ -426,15 +427,22 @@ class Table:
         else:
             raw = self._file.read_at(offset, size + BLOCK_TRAILER_SIZE)
         contents = raw[:size]
-        # Fast check of the trailer of a raw block (type byte, then the masked CRC32C of
-        # contents + type); anything else goes through unseal_data, which decompresses a
-        # compressed block (after its CRC) or names the exact failure.
-        if (len(raw) != size + BLOCK_TRAILER_SIZE or raw[size] != BLOCK_TYPE_DATA
-                or mask(_crc_extend(_crc_value(contents), _DATA_TYPE_BYTE))
-                != _u32_at(raw, size + 1)[0]):
-            contents = unseal_data(raw, BlockHandle(offset, size), self.path)
         self.data_block_file_reads += 1
-        return contents
+        # Fast check of the trailer (type byte, then the masked CRC32C of the stored bytes +
+        # type); a compressed block that passes it is decompressed (which raises the
+        # CorruptionError of a bad stream); anything else goes through unseal_data, which
+        # names the exact failure.
+        if len(raw) == size + BLOCK_TRAILER_SIZE:
+            t = raw[size]
+            if t == BLOCK_TYPE_DATA:
+                if (mask(_crc_extend(_crc_value(contents), _DATA_TYPE_BYTE))
+                        == _u32_at(raw, size + 1)[0]):
+                    return contents
+            elif (t & BLOCK_KIND_MASK == BLOCK_TYPE_DATA
+                  and mask(_crc_extend(_crc_value(contents), raw[size:size + 1]))
+                  == _u32_at(raw, size + 1)[0]):
+                return decompress(contents, t >> BLOCK_COMPRESSION_SHIFT, self.path, offset)
+        return unseal_data(raw, BlockHandle(offset, size), self.path)  # raises
 
     def _cached_contents(self, i: int) -> bytes:
         """Data block ``i``'s verified (decompressed) contents through the block cache (the

@@ -66,6 +66,11 @@ def _hit_rate(s: dict) -> str:
     return f"{100 * bc.get('hits', 0) / n:.1f}%" if n else "-"
 
 
+def _ratio(x) -> str:
+    """A compression ratio (raw / stored data bytes) as ``2.91x``; ``-`` without data."""
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def _per_get(s: dict) -> str:
     x = s.get("data_blocks_read_per_get")
     return "-" if x is None else f"{x:.2f}"
@@ -75,6 +80,7 @@ def _per_get(s: dict) -> str:
 STATS_COLUMNS = [
     ("TABLES", lambda s: format_count(_level_sum(s, "tables"))),
     ("TABLE BYTES", lambda s: format_bytes(s.get("total_table_bytes"))),
+    ("COMPRESSED", lambda s: _ratio(s.get("compression", {}).get("ratio"))),
     ("ENTRIES", lambda s: format_count(_level_sum(s, "entries"))),
     ("MEMTABLE", lambda s: format_bytes(s.get("memtable", {}).get("bytes"))),
     ("LOG", lambda s: format_bytes(s.get("log", {}).get("bytes"))),
@@ -102,6 +108,8 @@ def cmd_stats(args) -> int:
     print(render(["SHARD"] + [h for h, _ in STATS_COLUMNS], rows))
     for name, s in sorted(shards.items()):
         lv = [f"L{x['level']} {x['tables']} tables {format_bytes(x['bytes'])}"
+              + (f" ({_ratio(x['compression_ratio'])})"
+                 if x.get("compression_ratio") not in (None, 1.0) else "")
               for x in s.get("levels", []) if x.get("tables")]
         if lv:
             print(f"{name}: " + ", ".join(lv))
