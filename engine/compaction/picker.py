@@ -43,7 +43,9 @@ Leveled compaction, as in LevelDB/RocksDB:
   tombstone pick runs whenever no level is over its target, which under a steady load is
   after most flushes and compactions, and the benchmark (bench/delete_space.py) shows the
   space coming back without them; they would also change the shape of the tree for every
-  workload with deletes, with an estimate (the average value size) we do not record.
+  workload with deletes, with an estimate (the average value size) we do not record. A
+  dense table whose task is diluted below the ratio by what lies below it waits for the
+  size-triggered compactions, as it did before this option.
 
 ``pick(levels, options)`` takes anything with a ``levels`` attribute or a sequence of levels,
 each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest`` (L0 newest
@@ -67,7 +69,9 @@ class CompactionTask:
     ``inputs`` come from ``level`` (for L0: newest first), ``next_inputs`` from ``output_level``
     (sorted). ``middle`` holds ``(level, files)`` for the levels strictly between them (only a
     manual full compaction spans more than two levels). ``trivial_move``: the single input is
-    moved to output_level unchanged.
+    moved to output_level unchanged. ``output_level == level`` (an elision, reason
+    "tombstones"): one table rewritten in place without its tombstones, ``next_inputs`` empty,
+    always bottommost and never a trivial move.
     """
 
     level: int
