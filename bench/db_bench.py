@@ -109,8 +109,11 @@ class Sievekv:
     def open(self, path):
         import engine
 
+        # compression off: the run compares engines with "no compression anywhere" (RocksDB
+        # and LevelDB below too); the engine's default is lz4 since session 11
+        # (bench/compression.py; these random values would be stored raw under it anyway)
         self.db = engine.DB.open(path, memtable_bytes=MEMTABLE, block_cache_bytes=8 * MiB,
-                                 bits_per_key=float(BITS))
+                                 bits_per_key=float(BITS), compression="none")
         self.put = self.db.put
         self.get = self.db.get
 
