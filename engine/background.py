@@ -39,7 +39,7 @@ import errno
 import time
 
 from . import filenames
-from .compaction import compaction_job, execute, max_outputs, pick, plan
+from .compaction import compaction_job, execute, max_outputs, pick, plan, raw_input_bytes
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import MemTable
@@ -321,6 +321,7 @@ class Background:
         result = None
         try:
             if self._pool is not None and not task.trivial_move:
+                job.input_raw_bytes = raw_input_bytes(task, self._tables.get)
                 job.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(job))]
                 for n in job.numbers:
                     self._reserve(n)

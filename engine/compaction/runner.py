@@ -36,6 +36,7 @@ class CompactionJob:
     max_grandparent_overlap: int
     table_options: TableOptions
     numbers: list = field(default_factory=list)  # reserved output numbers (worker runs)
+    input_raw_bytes: int = 0  # raw_input_bytes() of the task; 0: unknown (stored sizes)
 
 
 @dataclass
@@ -60,10 +61,37 @@ def plan(task: CompactionTask, version, options, table_options: TableOptions,
                          table_options)
 
 
+def raw_input_bytes(task: CompactionTask, open_table) -> int:
+    """The inputs' file bytes with every data block counted raw (uncompressed), from the
+    properties of their open tables (``open_table(number)``); equals ``task.input_bytes()``
+    when nothing is stored compressed."""
+    n = 0
+    for f in task.all_inputs:
+        p = open_table(f.number).properties
+        n += f.size + max(0, p.uncompressed_data_bytes - p.data_bytes)
+    return n
+
+
 def max_outputs(job: CompactionJob) -> int:
-    """An upper bound on the tables ``job`` can write (numbers to reserve for a worker)."""
+    """An upper bound on the tables ``job`` can write (numbers to reserve for a worker run; a
+    job that still runs out is rerun in the DB's thread: slower, never wrong).
+
+    Why it is enough: a table is cut for size once its estimated file size reaches
+    ``target_file_size``, so the size cuts are at most the bytes the outputs can take over
+    the target. The outputs hold a subset of the inputs' entries in the same key order
+    (merging only lengthens the key prefix an entry shares with the one before it), so
+    their data blocks, written raw, take no more than the inputs' data blocks raw:
+    ``job.input_raw_bytes``, not the stored sizes, which undercount inputs stored
+    compressed (lz4 tables rewritten with compression "none" need about the compression
+    ratio times as many tables: tests/test_review_compression.py). Output compression only
+    makes tables smaller. The factor 2 and the 8 spare numbers cover what the outputs may
+    add over the inputs: restart points at other entries, each table's fixed cost (a
+    filter page and the metadata tail, counted in the estimate), a hash index or a filter
+    with more bits per key than the inputs had. Grandparent cuts add at most one per
+    ``max_grandparent_overlap`` bytes overlapped below.
+    """
     t = job.task
-    size_cuts = t.input_bytes() // max(1, job.target_file_size)
+    size_cuts = max(job.input_raw_bytes, t.input_bytes()) // max(1, job.target_file_size)
     lo, hi = t.smallest, t.largest
     gp_bytes = sum(f.size for f in job.grandparents if not (f.largest < lo or f.smallest > hi))
     gp_cuts = gp_bytes // max(1, job.max_grandparent_overlap)
