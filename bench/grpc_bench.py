@@ -9,10 +9,10 @@ shared machine hits them alike):
 - unary Get and Put calls/s and MultiGet (100 keys) keys/s with one client process, through
   1. the **echo floor**: bench/echo_server.py as router and as shard (same two hops, same
      server settings, no validation, no storage): what gRPC + protobuf cost here;
-  2. **sievekv**: ``python -m router`` in front of ``python -m shard`` (engine.DB), called
-     through the client library ``router.client.Client``;
+  2. **sievekv**: ``python -m router`` in front of ``python -m shard`` (engine.DB, compression
+     "none"), called through the client library ``router.client.Client``;
   3. **RocksDB**: the same router in front of the same shard server serving rocksdict
-     (bench/rocks_shard.py), through the same client library;
+     (bench/rocks_shard.py, compression off), through the same client library;
 - hop isolation (Get, raw stubs): our router in front of the echo shard against the floor,
   and our shard server (with RocksDB, with engine.DB) alone against the echo shard alone;
 - CPU time per call of client + router + shard together;
@@ -194,7 +194,10 @@ class Servers:
             return int(f.read())
 
     def shard(self, name: str, rocks: bool = False) -> str:
-        exe = [os.path.join(REPO, "bench", "rocks_shard.py")] if rocks else ["-m", "shard"]
+        # engine.DB with compression "none" (its default is lz4), as RocksDB's is set off in
+        # bench/rocks_backend.py: no compression anywhere, like for like (as in db_bench)
+        exe = ([os.path.join(REPO, "bench", "rocks_shard.py")] if rocks
+               else ["-m", "shard", "--engine-option", 'compression="none"'])
         port = self.start(name, [sys.executable, *exe, "--data-dir", os.path.join(self.root, name),
                                  "--name", name, "--log-level", "WARNING"])
         return f"127.0.0.1:{port}"

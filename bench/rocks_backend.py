@@ -26,8 +26,9 @@ class RocksBackend:
         os.makedirs(path, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
-        # engine.DB compresses nothing; RocksDB's default here is Snappy (no effect on
-        # grpc_bench's random values, which Snappy cannot shrink, but like for like)
+        # Off, as bench/grpc_bench.py sets engine.DB's shards (compression "none"; the
+        # engine's default is lz4) and db_bench both engines; RocksDB's default here is
+        # Snappy (no effect on grpc_bench's random values, but like for like)
         opts.set_compression_type(DBCompressionType.none())
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
