@@ -53,7 +53,7 @@ from bisect import bisect_left
 from . import filenames, reports
 from .background import RETRY_WAIT_S, Background
 from .block_cache import BlockCache
-from .compaction import full_task, pick
+from .compaction import full_task, pick, rewrite_tasks
 from .errors import (ClosedError, InvalidArgumentError, ResultTooLargeError, SieveError,
                      StorageIOError)
 from .filter_cap import FilterCap
@@ -645,28 +645,48 @@ class DB(Background):
         """Flush, then merge every level into one: the deepest level holding data, or a
         deeper one if the data exceeds that level's target (so no automatic compaction is
         needed afterwards). Tombstones are dropped there. One pass: each entry is rewritten
-        once. Waits until done."""
+        once. Then the tables still written with another ``compression`` than the DB's
+        (a setting changed since they were written) are rewritten in place at their level
+        (picker.rewrite_tasks), so compact() also moves a DB to its setting, "none" included
+        (docs/format.md, "Versions": going back to a version before table format 3). A DB
+        already in one level with every table matching the setting rewrites nothing. Waits
+        until done."""
         self.flush()
         with self._compaction_lock:
             self._check_open_for_compaction()
             task = full_task(self._version, self.options)
             if task is not None:
-                try:
-                    self._run_task(task, manual=True)
-                except Cancelled:  # close() stopped the job (in a table worker)
-                    raise ClosedError("DB is closed") from None
-                except SieveError as exc:
-                    # As for a background compaction: a failure the DB cannot retry (a manifest
-                    # write, corruption) puts it in its failed state, so the next write is
-                    # refused with this cause instead of failing later, away from it.
-                    if not isinstance(exc, ClosedError) and not self._full_disk(exc):
-                        with self._mu:
-                            if self._set_bg_error(exc):
-                                self.counters.background_errors += 1
-                            self._bg_cv.notify_all()
-                        if isinstance(exc, StorageIOError):  # only a reopen ends this failure
-                            exc.retryable = False
-                    raise
+                self._run_manual_task(task)
+            for task in rewrite_tasks(self._version, self._written_with_another_codec):
+                self._check_open_for_compaction()
+                self._run_manual_task(task)
+
+    def _written_with_another_codec(self, f) -> bool:
+        """Whether the live table ``f`` (FileMeta) was written with another compression than
+        the DB's now: any compressed block when the setting is "none" (a table written with
+        "lz4" whose blocks all stayed raw is what "none" writes), else another setting."""
+        p = self._tables.get(f.number).properties
+        want = self.options.compression
+        return p.compressed_data_blocks > 0 if want == "none" else p.compression != want
+
+    def _run_manual_task(self, task) -> None:
+        """Run a task of compact(). REQUIRES: _compaction_lock held."""
+        try:
+            self._run_task(task, manual=True)
+        except Cancelled:  # close() stopped the job (in a table worker)
+            raise ClosedError("DB is closed") from None
+        except SieveError as exc:
+            # As for a background compaction: a failure the DB cannot retry (a manifest
+            # write, corruption) puts it in its failed state, so the next write is
+            # refused with this cause instead of failing later, away from it.
+            if not isinstance(exc, ClosedError) and not self._full_disk(exc):
+                with self._mu:
+                    if self._set_bg_error(exc):
+                        self.counters.background_errors += 1
+                    self._bg_cv.notify_all()
+                if isinstance(exc, StorageIOError):  # only a reopen ends this failure
+                    exc.retryable = False
+            raise
 
     def wait_for_compactions(self, timeout: float | None = None) -> bool:
         """Wait until background work is done (RocksDB's WaitForCompact): no memtable waiting

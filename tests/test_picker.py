@@ -199,3 +199,24 @@ def test_full_task_merges_every_level_into_one_that_fits():
     big = levels([], [fm(5, 0, 20, size=900), fm(6, 30, 60, size=900)])
     assert full_compaction_level(big, OPTS) == 2
     assert full_task(levels([], [fm(5, 0, 20)]), OPTS) is None  # already one level
+
+
+def test_rewrite_tasks_take_runs_of_adjacent_stale_tables_in_place():
+    """DB.compact's in-place rewrites (tables written with another compression): one task per
+    maximal run of stale tables adjacent in their level, so no output can overlap a table
+    that stays; L0 is left alone; bottommost only with nothing below the run."""
+    from engine.compaction.picker import rewrite_tasks
+
+    stale = {2, 3, 5, 7, 9}
+    lv = levels([fm(9, 0, 99)],
+                [fm(1, 0, 9), fm(2, 10, 19), fm(3, 20, 29), fm(4, 30, 39), fm(5, 40, 49)],
+                [], [fm(6, 0, 9), fm(7, 45, 60)])
+    tasks = rewrite_tasks(lv, lambda f: f.number in stale)
+    got = [(t.level, t.output_level, [f.number for f in t.inputs], t.bottommost) for t in tasks]
+    assert got == [(1, 1, [2, 3], True), (1, 1, [5], False), (3, 3, [7], True)]
+    for t in tasks:
+        assert not t.trivial_move and t.next_inputs == () and t.reason == "manual"
+        after = apply(lv, t, [fm(20 + t.inputs[0].number, int(t.smallest), int(t.largest))])
+        check_levels(after)
+        assert [f.number for f in after[0]] == [9]
+    assert rewrite_tasks(lv, lambda f: False) == []  # nothing stale: nothing to do

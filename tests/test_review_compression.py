@@ -206,13 +206,12 @@ def test_block_cache_help_says_mapped_gets_of_compressed_blocks_use_it():
 # ---------------------------------------------------------------------------------------------
 # Finding: a changed setting never reaches a settled DB's tables
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "compression='none' is the documented way to buy back the read CPU (bench/results/db.md; "
-    "the option's help: 'tables keep the setting they were written with until compaction "
-    "rewrites them'), but DB.compact()/sievekv compact on a settled DB rewrites nothing "
-    "(engine/compaction/picker.py full_task: None with nothing above the output level, a "
-    "trivial move for one table), so existing lz4 tables stay lz4, and a DB that must go back "
-    "to the code before format 3 has no way to get there; nothing documents this"))
+# Fixed in session 11; was a strict xfail: compression='none' is the documented way to buy back
+# the read CPU (bench/results/db.md; the option's help: 'tables keep the setting they were
+# written with until compaction rewrites them'), but DB.compact()/sievekv compact on a settled
+# DB rewrites nothing (engine/compaction/picker.py full_task: None with nothing above the
+# output level, a trivial move for one table), so existing lz4 tables stay lz4, and a DB that
+# must go back to the code before format 3 has no way to get there; nothing documents this.
 def test_compact_after_switching_compression_off_rewrites_the_tables(tmp_path):
     path = str(tmp_path / "db")
     model = json_model(3000, seed=41)
@@ -226,6 +225,58 @@ def test_compact_after_switching_compression_off_rewrites_the_tables(tmp_path):
         assert dict(db.scan()) == model
         st = db.stats()["compression"]
         assert st["compressed_data_blocks"] == 0, st
+        live = list(db._rs.l0) + [t for lv in db._rs.levels for t in lv[3]]
+        assert {t.properties.format_version for t in live} <= {1, 2}  # readable before 3
+        assert db.verify()["damaged"] == []
+        # Settled, every table as the setting says: compact() again rewrites nothing.
+        numbers = _table_numbers(db)
+        manual = db.stats()["compactions_by_reason"].get("manual", 0)
+        db.compact()
+        assert _table_numbers(db) == numbers
+        assert db.stats()["compactions_by_reason"].get("manual", 0) == manual
+
+
+def _table_numbers(db) -> list:
+    return sorted(f.number for lv in db._version.levels for f in lv)
+
+
+def test_compact_rewrites_only_the_tables_written_with_another_setting(tmp_path):
+    """Overwrites in the middle of a settled L1: the full compaction rewrites only the tables
+    they overlap; the tables on both sides are two runs rewritten in place (in the table
+    worker, without running out of numbers). Back to lz4, then a settled no-op."""
+    path = str(tmp_path / "db")
+    opts = dict(table_workers=1, memtable_bytes=64 << 10, target_file_size=32 << 10,
+                disable_auto_compactions=True)
+    model = json_model(6000, seed=43)
+    with DB.open(path, compression="lz4", **opts) as db:
+        for k, v in model.items():
+            db.put(k, v)
+        db.compact()
+        lz4_tables = _table_numbers(db)
+        assert len(db._version.levels[1]) == len(lz4_tables) > 6
+    with DB.open(path, compression="none", **opts) as db:
+        for k in list(model)[2800:3200]:
+            model[k] = model[k] + b" "
+            db.put(k, model[k])
+        db.compact()
+        st = db.stats()
+        assert st["compression"]["compressed_data_blocks"] == 0, st["compression"]
+        # One full compaction (the overlapped tables), one rewrite each side of it.
+        assert st["compactions_by_reason"] == {"manual": 3}, st["compactions_by_reason"]
+        assert st["table_workers"]["fallbacks_to_threads"] == 0
+        assert not set(_table_numbers(db)) & set(lz4_tables)
+        assert [n for n, lv in enumerate(db._version.levels) if lv] == [1]
+        assert dict(db.scan()) == model
+    for setting in ("lz4", "zstd"):
+        with DB.open(path, compression=setting, **opts) as db:
+            db.compact()
+            live = [t for lv in db._rs.levels for t in lv[3]]
+            assert {t.properties.compression for t in live} == {setting}
+            assert all(t.properties.compressed_data_blocks for t in live)
+            assert db.multi_get(list(model)) == list(model.values())
+            numbers = _table_numbers(db)
+            db.compact()
+            assert _table_numbers(db) == numbers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +445,25 @@ def test_the_old_code_refuses_a_format_3_table_and_reads_one_without_compressed_
             assert out["damaged"] == []
         with DB.open(path, table_workers=0) as db:  # the new code still reads it all
             assert db.multi_get(list(model)) == list(model.values())
+
+
+def test_going_back_to_the_code_before_format_3(tmp_path, old_tree):
+    """The downgrade docs/format.md gives: reopen with compression "none", compact, and the
+    code before format 3 reads the DB (it refused it before)."""
+    model = json_model(3000, seed=44)
+    keys = json.dumps([k.decode() for k in list(model)[::50]])
+    path = str(tmp_path / "db")
+    with DB.open(path, table_workers=0) as db:  # the default, lz4
+        for k, v in model.items():
+            db.put(k, v)
+        db.compact()
+    assert "unsupported table format version 3" in json.loads(
+        run_old(old_tree, OLD_READ, path, keys))["refused"]
+    with DB.open(path, compression="none", table_workers=0) as db:
+        db.compact()
+    out = json.loads(run_old(old_tree, OLD_READ, path, keys))
+    assert out["values"] == [model[k].decode() for k in list(model)[::50]]
+    assert out["damaged"] == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,9 +69,10 @@ class CompactionTask:
     ``inputs`` come from ``level`` (for L0: newest first), ``next_inputs`` from ``output_level``
     (sorted). ``middle`` holds ``(level, files)`` for the levels strictly between them (only a
     manual full compaction spans more than two levels). ``trivial_move``: the single input is
-    moved to output_level unchanged. ``output_level == level`` (an elision, reason
-    "tombstones"): one table rewritten in place without its tombstones, ``next_inputs`` empty,
-    always bottommost and never a trivial move.
+    moved to output_level unchanged. ``output_level == level``, ``next_inputs`` empty, never a
+    trivial move: an elision (reason "tombstones", always bottommost), one table rewritten in
+    place without its tombstones; or a manual rewrite (:func:`rewrite_tasks`, reason
+    "manual"), a run of adjacent tables of one level rewritten in place.
     """
 
     level: int
@@ -245,6 +246,31 @@ def full_task(version, options) -> CompactionTask | None:
         hi = max(hi, nxt[-1].largest)
     return CompactionTask(first, out, inputs, nxt, is_bottommost(levels, out, lo, hi), False,
                           "manual", 0.0, middle)
+
+
+def rewrite_tasks(version, stale) -> list[CompactionTask]:
+    """Tasks that rewrite in place, at their own level, the tables of L1+ for which
+    ``stale(f)`` is true (DB.compact: tables written with another ``compression`` than the
+    DB's now, which no full compaction rewrites once everything is in one level). Each task
+    takes one maximal run of stale tables adjacent in their level: no other table of the level
+    lies between its first and last, so its outputs overlap nothing else there. Reason
+    "manual", never a trivial move; bottommost when nothing below overlaps the run. L0 is
+    left alone (a full compaction empties it). Empty when nothing is stale."""
+    levels = _levels_of(version)
+    tasks = []
+    for n in range(1, len(levels)):
+        run: list = []
+        for f in list(levels[n]) + [None]:
+            if f is not None and stale(f):
+                run.append(f)
+                continue
+            if run:
+                lo, hi = run[0].smallest, run[-1].largest
+                tasks.append(CompactionTask(n, n, tuple(run), (),
+                                            is_bottommost(levels, n, lo, hi), False, "manual",
+                                            0.0))
+                run = []
+    return tasks
 
 
 def _pick_one_file(levels, level: int, options, score: float) -> CompactionTask:
