@@ -25,13 +25,18 @@ def test_shard_raises_a_low_soft_open_file_limit_to_the_hard_limit(tmp_path):
     expected = hard if hard != resource.RLIM_INFINITY else max(low, 1 << 20)
     port_file = tmp_path / "port"
 
-    def lower():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
-
-    p = subprocess.Popen(
-        [sys.executable, "-m", "shard", "--data-dir", str(tmp_path / "d"), "--listen",
-         "127.0.0.1:0", "--port-file", str(port_file), "--log-level", "WARNING"],
-        cwd=REPO, preexec_fn=lower, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The limit is lowered by a fresh interpreter that then execs the shard (same pid), not
+    # by preexec_fn: that forces a fork running Python in this pytest process, where earlier
+    # tests' gRPC objects live, and gRPC's fork handlers then restart its poller in the child,
+    # which aborts on the epoll descriptor close_fds closed (SIGABRT before exec, seen in a
+    # full run: "Epoll1Poller ... epoll_wait error: Bad file descriptor"; grpc/grpc#43055).
+    shard = [sys.executable, "-m", "shard", "--data-dir", str(tmp_path / "d"), "--listen",
+             "127.0.0.1:0", "--port-file", str(port_file), "--log-level", "WARNING"]
+    lower_then_exec = ("import os, resource, sys; "
+                       f"resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard})); "
+                       "os.execv(sys.executable, sys.argv[1:])")
+    p = subprocess.Popen([sys.executable, "-c", lower_then_exec, *shard],
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while not port_file.exists():
