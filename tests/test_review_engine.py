@@ -199,8 +199,11 @@ def test_filter_memory_budget_reports_page_padding_it_cannot_avoid(tmp_path):
     report must say so rather than claim the budget holds."""
     n = 20000
     budget = n * 10 // 8
+    # compression off: the table count this needs assumes the values' raw size (b"v" * 20
+    # compresses, and LZ4 by default would make fewer, smaller tables).
     with DB.open(tmp_path / "db", filter_memory_budget=budget, disable_auto_compactions=True,
-                 table_workers=0, memtable_bytes=4 << 20, target_file_size=64 << 10) as db:
+                 table_workers=0, memtable_bytes=4 << 20, target_file_size=64 << 10,
+                 compression="none") as db:
         rnd = random.Random(3)
         for _ in range(n):
             db.put(b"%016d" % rnd.randrange(10 ** 15), b"v" * 20)
@@ -243,8 +246,11 @@ def test_filter_memory_budget_plans_early_tables_for_the_full_db(tmp_path):
 def test_compaction_outputs_stay_near_target_file_size_with_large_values(tmp_path):
     target = 256 * 1024
     value = 32 * 1024
+    # compression off: target_file_size counts stored bytes, and these values compress to
+    # almost nothing under the default LZ4 (one output table); the test is about raw sizes.
     with DB.open(tmp_path / "db", table_workers=0, memtable_bytes=8 << 20,
-                 target_file_size=target, disable_auto_compactions=True) as db:
+                 target_file_size=target, disable_auto_compactions=True,
+                 compression="none") as db:
         for i in range(120):
             db.put(b"k%06d" % i, b"v" * value)
         db.compact()
