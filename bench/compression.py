@@ -5,8 +5,8 @@ Two workloads of --keys random 16-byte keys put in random order:
   records  JSON-like records with repeated field names, 100-300 bytes (compressible)
   random   100-byte random values (db_bench's; incompressible: every block fails the 1/8 rule)
 
-For each workload and each ``compression`` setting (engine defaults otherwise: 8 MiB block
-cache, mmap_reads, 2 table workers, 10 bits per key):
+For each workload and each ``compression`` setting (engine defaults otherwise: its default
+block cache unless --block-cache-mib sets one, mmap_reads, 2 table workers, 10 bits per key):
 
   fill      put every key, then flush (time until the last memtable is in a table), and the
             CPU seconds of the process and its table workers meanwhile
@@ -28,7 +28,7 @@ the median over chunks of (setting / none), from wall time and from the reading 
 time. Every get's answer is compared with the value put (outside the timed loop, a sample).
 
 Run:  python3 bench/compression.py [--keys N] [--reads N] [--fill-rounds R]
-                                  [--build-rounds R] [--build-keys N]
+                                  [--build-rounds R] [--build-keys N] [--block-cache-mib M]
 """
 
 from __future__ import annotations
@@ -94,10 +94,10 @@ def table_bytes(path: str) -> int:
                if f.endswith(".sst"))
 
 
-def fill(path: str, setting: str, keys, values) -> dict:
+def fill(path: str, setting: str, keys, values, **opts) -> dict:
     shutil.rmtree(path, ignore_errors=True)
     c0, t0 = cpu_seconds(), time.perf_counter()
-    with engine.DB.open(path, compression=setting) as db:
+    with engine.DB.open(path, compression=setting, **opts) as db:
         put = db.put
         for k, v in zip(keys, values):
             put(k, v)
@@ -186,21 +186,29 @@ def read_chunks(dbs: dict, keys, values, read_idx) -> dict:
     return out
 
 
+def db_options(args) -> dict:
+    """Options besides ``compression`` (the engine's defaults but what the flags set)."""
+    if args.block_cache_mib is None:
+        return {}
+    return {"block_cache_bytes": int(args.block_cache_mib * MiB)}
+
+
 def run_workload(workload: str, args, base: str) -> dict:
     keys, values, read_idx = make_data(workload, args.keys, args.reads)
     raw = sum(map(len, keys)) + sum(map(len, values))
     paths = {s: os.path.join(base, f"{workload}-{s}") for s in SETTINGS}
     fills = {s: [] for s in SETTINGS}
+    opts = db_options(args)
     for s in SETTINGS:  # untimed warm-up: table workers started, codecs imported
-        fill(paths[s], s, keys[:5000], values[:5000])
+        fill(paths[s], s, keys[:5000], values[:5000], **opts)
     for r in range(args.fill_rounds):
         order = SETTINGS[r % 3:] + SETTINGS[:r % 3]
         for s in order:
-            fills[s].append(fill(paths[s], s, keys, values))
+            fills[s].append(fill(paths[s], s, keys, values, **opts))
             print(f"  {workload} round {r} {s}: fill {fills[s][-1]['fill_s']:.1f}s", flush=True)
     builds = build_rounds(base, keys, values, args.build_rounds, min(args.build_keys, args.keys))
     seals = seal_rounds(keys, values, 3 * args.build_rounds, min(args.build_keys, args.keys))
-    dbs = {s: engine.DB.open(paths[s], compression=s) for s in SETTINGS}
+    dbs = {s: engine.DB.open(paths[s], compression=s, **opts) for s in SETTINGS}
     try:
         chunks = read_chunks(dbs, keys, values, read_idx)
         cache = {s: db.stats()["block_cache"] for s, db in dbs.items()}
@@ -258,14 +266,20 @@ def main(argv=None) -> int:
     p.add_argument("--build-rounds", type=int, default=9)
     p.add_argument("--build-keys", type=int, default=100_000)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--block-cache-mib", type=float, default=None,
+                   help="block_cache_bytes in MiB (default: the engine's default)")
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = p.parse_args(argv)
     base = tempfile.mkdtemp(prefix="sievekv-compression-", dir=args.dir)
+    cache = db_options(args).get("block_cache_bytes", engine.Options().block_cache_bytes)
     print(f"bench/compression.py --keys {args.keys} --reads {args.reads} "
           f"--fill-rounds {args.fill_rounds} --build-rounds {args.build_rounds} "
-          f"--build-keys {args.build_keys}: engine defaults but compression "
-          f"(8 MiB block cache, mmap_reads, 2 table workers); load {os.getloadavg()[0]:.1f}")
+          f"--build-keys {args.build_keys}"
+          + (f" --block-cache-mib {args.block_cache_mib:g}" if args.block_cache_mib is not None
+             else "")
+          + f": engine defaults but compression ({cache / MiB:g} MiB block cache, "
+          f"mmap_reads, 2 table workers); load {os.getloadavg()[0]:.1f}")
     try:
         results = []
         for w in args.workloads.split(","):
