@@ -201,6 +201,26 @@ def test_full_task_merges_every_level_into_one_that_fits():
     assert full_task(levels([], [fm(5, 0, 20)]), OPTS) is None  # already one level
 
 
+def test_full_task_rewrites_a_lone_table_with_tombstones_it_moves_to_the_bottom():
+    """compact() drops tombstones at the bottom: a lone L1+ table is moved unchanged only when
+    it has no tombstones (full_task's output level is the deepest holding data or deeper, so
+    its task is always bottommost)."""
+    from engine.compaction.picker import full_task
+
+    def tm(number, lo, hi, size, dels):
+        return FileMeta(number, size, k(lo), k(hi), num_entries=10, num_deletions=dels)
+
+    # L1 (target 1000) cannot hold 1500 bytes: the lone table goes to L2, bottommost.
+    t = full_task(levels([], [tm(5, 0, 20, 1500, 3)]), OPTS)
+    assert (t.level, t.output_level, t.trivial_move, t.bottommost) == (1, 2, False, True)
+    t = full_task(levels([], [tm(5, 0, 20, 1500, 0)]), OPTS)  # nothing to drop: moved
+    assert (t.level, t.output_level, t.trivial_move) == (1, 2, True)
+    # An L3 table elsewhere in the key space makes L3 the output level; L1's lone table moves
+    # there without overlap (bottommost, since nothing lies below L3): rewritten.
+    t = full_task(levels([], [tm(5, 0, 20, 100, 3)], [], [tm(7, 50, 60, 100, 0)]), OPTS)
+    assert (t.level, t.output_level, t.trivial_move, t.bottommost) == (1, 3, False, True)
+
+
 def test_rewrite_tasks_take_runs_of_adjacent_stale_tables_in_place():
     """DB.compact's in-place rewrites (tables written with another compression): one task per
     maximal run of stale tables adjacent in their level, so no output can overlap a table

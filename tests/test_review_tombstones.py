@@ -1,8 +1,8 @@
 """Review of the tombstone compactions of session 11 (engine/compaction/picker.py, "Tombstones";
 ``tombstone_compaction_ratio``; commits 04fbf92, 407cfc1, 199931b).
 
-Plain tests: behaviour checked and found right (kept as regressions). Strict xfails: bugs, each
-a minimal reproduction that passes today and fails once fixed.
+Plain tests: behaviour checked and found right (kept as regressions). The two bugs it found
+(strict xfails, each a minimal reproduction) were fixed in session 11 and are plain tests now.
 
 - The pure picker, with a reader that reads like the engine's get (the first file that holds
   the key in ``Version.files_for_key`` order wins, not the highest sequence number), through
@@ -522,14 +522,13 @@ def test_option_validation_and_config_path():
 
 
 # ---------------------------------------------------------------------------------------------
-# Bugs (strict xfails)
+# Bugs found by the review (strict xfails until fixed in session 11)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "picker.py tombstone_task: a table is a candidate when num_deletions / num_entries >= "
-    "ratio, but the whole-task test is num_deletions >= ratio * entries, which rounds "
-    "differently: at ratio 0.07 a table of 100 entries and 7 tombstones (exactly 7%) with "
-    "nothing below is a candidate, yet 7 >= 0.07 * 100 (7.000000000000001) is False, so it is "
-    "never compacted although the option says 'at least this'"))
+# Fixed in session 11; was a strict xfail: picker.py tombstone_task: a table is a candidate
+# when num_deletions / num_entries >= ratio, but the whole-task test was num_deletions >=
+# ratio * entries, which rounds differently: at ratio 0.07 a table of 100 entries and 7
+# tombstones (exactly 7%) with nothing below was a candidate, yet 7 >= 0.07 * 100
+# (7.000000000000001) is False, so it was never compacted.
 def test_a_table_exactly_at_the_ratio_is_compacted():
     from engine.compaction.picker import tombstone_density, tombstone_task
     from engine.version_edit import FileMeta
@@ -540,13 +539,10 @@ def test_a_table_exactly_at_the_ratio_is_compacted():
     assert tombstone_task(lv, 0.07) is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing, found here: picker.py full_task (trivial = first > 0 and len(files) == 1 "
-    "and not nxt) moves a lone table with tombstones to the bottom unchanged, so DB.compact() "
-    "leaves its tombstones although its docstring (db.py compact: 'Tombstones are dropped "
-    "there') says otherwise; with tombstone_compaction_ratio 0 (documented as the old "
-    "behaviour) they stay for ever, and with the option on only if the table's density "
-    "reaches the ratio are they elided afterwards"))
+# Fixed in session 11; was a strict xfail: picker.py full_task (trivial = first > 0 and
+# len(files) == 1 and not nxt) moved a lone table with tombstones to the bottom unchanged, so
+# DB.compact() left its tombstones although its docstring says "Tombstones are dropped there";
+# with tombstone_compaction_ratio 0 they stayed for ever.
 def test_manual_compact_drops_the_tombstones_of_a_lone_table_it_moves_down(tmp_path):
     path = str(tmp_path / "db")
     model, opts = _bottom_tombstones(path, n_tombs=120)

@@ -185,7 +185,9 @@ def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
             task = level_task(levels, n, reason="tombstones", score=-neg_d, files=(f,))
         files = task.all_inputs
         entries = sum(x.num_entries for x in files)
-        if entries and sum(x.num_deletions for x in files) >= ratio * entries:
+        # The same comparison as a candidate's (tombstone_density): deletions / entries >=
+        # ratio. deletions >= ratio * entries rounds differently (7 >= 0.07 * 100 is False).
+        if entries and sum(x.num_deletions for x in files) / entries >= ratio:
             return task
     return None
 
@@ -224,7 +226,10 @@ def full_compaction_level(version, options) -> int:
 def full_task(version, options) -> CompactionTask | None:
     """A manual full compaction: every table above the output level (see
     :func:`full_compaction_level`) merged with the output level's tables into that level, in
-    one pass (each entry is rewritten once). None when there is nothing above it."""
+    one pass (each entry is rewritten once). None when there is nothing above it. A lone
+    table of L1+ with nothing to merge with is moved (a trivial move), unless the move is
+    bottommost and the table holds tombstones (num_deletions > 0): then it is rewritten, so
+    that they are dropped."""
     levels = _levels_of(version)
     out = full_compaction_level(levels, options)
     above = [n for n in range(out) if levels[n]]
@@ -239,8 +244,11 @@ def full_task(version, options) -> CompactionTask | None:
     nxt = tuple(overlapping(levels[out], lo, hi))
     trivial = first > 0 and len(files) == 1 and not nxt
     if trivial:
-        return CompactionTask(first, out, inputs, (), is_bottommost(levels, out, lo, hi), True,
-                              "manual", 0.0)
+        bottom = is_bottommost(levels, out, lo, hi)
+        # A lone table moved to a bottommost level is rewritten instead when it holds
+        # tombstones: compact() promises that they are dropped there.
+        if not (bottom and getattr(files[0], "num_deletions", 0) > 0):
+            return CompactionTask(first, out, inputs, (), bottom, True, "manual", 0.0)
     if nxt:
         lo = min(lo, nxt[0].smallest)
         hi = max(hi, nxt[-1].largest)
