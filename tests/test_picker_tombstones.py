@@ -356,3 +356,35 @@ def test_property_any_workload_converges_without_losing_data(ops, flush_every, c
     assert sim.read_all() == sim.model
     assert pick(sim.version, opts) is None
     sim.check_settled()
+
+
+@settings(max_examples=200, deadline=None)
+@given(bounds=st.lists(st.integers(0, 200), max_size=40), lo=st.integers(-5, 205),
+       width=st.integers(0, 60))
+def test_bisected_overlap_of_a_sorted_level_equals_the_linear_scan(bounds, lo, width):
+    """overlapping(..., level >= 1) bisects a sorted, non-overlapping level; is_bottommost too.
+    Both must agree with the linear scan (the form L0 keeps)."""
+    from engine.compaction.picker import overlapping
+
+    pts = sorted(set(bounds))
+    files = tuple(fm(i + 1, a, b) for i, (a, b) in enumerate(zip(pts[0::2], pts[1::2])))
+    a, b = k(max(lo, 0)), k(max(lo, 0) + width)
+    linear = overlapping(files, a, b)  # level 0: the linear form
+    assert overlapping(files, a, b, 3) == linear
+    assert is_bottommost(levels([], [], files), 1, a, b) == (not linear)
+
+
+def test_only_the_sixteen_densest_candidates_are_tried():
+    """pick() runs under the DB mutex: tombstone_task builds at most TOMBSTONE_TRIES tasks.
+    Sixteen dense L1 tables each diluted by a big L2 table below, and a less dense L1 table with
+    nothing below: the latter is not reached (it waits for size-triggered compactions); with
+    one diluted table fewer it is."""
+    from engine.compaction.picker import TOMBSTONE_TRIES
+
+    assert TOMBSTONE_TRIES == 16
+    l1 = [fm(i + 1, 10 * i, 10 * i + 5, size=10, dels=9) for i in range(16)]  # L1 in target
+    l2 = [fm(100 + i, 10 * i, 10 * i + 5, entries=1000) for i in range(16)]
+    lone = fm(50, 500, 505, size=10, dels=5)
+    assert pick(levels([], l1 + [lone], l2), ON) is None
+    t = pick(levels([], l1[1:] + [lone], l2), ON)
+    assert (t.level, t.output_level, [f.number for f in t.inputs]) == (1, 1, [50])

@@ -27,8 +27,10 @@ Leveled compaction, as in LevelDB/RocksDB:
   workload with some deletes from turning every flush into an L0 -> L1 compaction (a flush
   with 30% tombstones over a much larger L1 is not dense as a task; bench/delete_space.py,
   "churn"); Cassandra checks a single SSTable's overlaps for the same reason
-  (unchecked_tombstone_compaction). Size-triggered work always comes first: a DB that goes
-  idle after deletes gives the space back without DB.compact().
+  (unchecked_tombstone_compaction). Only the 16 densest candidates are tried per pick
+  (``TOMBSTONE_TRIES``): ``pick`` runs under the DB mutex, and trying every candidate of a
+  20,000-table DB took seconds. Size-triggered work always comes first: a DB that goes idle
+  after deletes gives the space back without DB.compact().
 
   It terminates: let P = sum over every entry of every table of (NUM_LEVELS - its level).
   Every compaction the picker returns lowers P: a level or tombstone task moves each entry
@@ -56,7 +58,9 @@ VersionEdit.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from heapq import nsmallest
 from typing import Sequence
 
 from ..format import NUM_LEVELS
@@ -126,15 +130,32 @@ def scores(version, options) -> list[float]:
     return out
 
 
-def overlapping(files, lo: bytes, hi: bytes) -> list:
-    """Files (of a sorted level, or any list) whose key range intersects [lo, hi]."""
-    return [f for f in files if not (f.largest < lo or f.smallest > hi)]
+def overlapping(files, lo: bytes, hi: bytes, level: int = 0) -> list:
+    """Files of ``level`` whose key range intersects [lo, hi]. For L1+ (``level`` >= 1:
+    ``files`` sorted by key and non-overlapping) two bisections, O(log n); for L0 (the
+    default; also any unordered list) a linear scan, O(n)."""
+    if level == 0:
+        return [f for f in files if not (f.largest < lo or f.smallest > hi)]
+    i = bisect_left(files, lo, key=_largest)  # first whose largest >= lo
+    j = bisect_right(files, hi, lo=i, key=_smallest)  # past the last whose smallest <= hi
+    return list(files[i:j])
+
+
+def _largest(f) -> bytes:
+    return f.largest
+
+
+def _smallest(f) -> bytes:
+    return f.smallest
 
 
 def is_bottommost(levels, output_level: int, lo: bytes, hi: bytes) -> bool:
-    """True when no level deeper than output_level holds a key in [lo, hi]."""
+    """True when no level deeper than output_level holds a key in [lo, hi].
+    O(levels x log n) (the levels below are L1+, sorted)."""
     for n in range(output_level + 1, NUM_LEVELS):
-        if overlapping(levels[n], lo, hi):
+        files = levels[n]
+        i = bisect_left(files, lo, key=_largest)
+        if i < len(files) and not files[i].smallest > hi:
             return False
     return True
 
@@ -157,23 +178,38 @@ def tombstone_density(f) -> float:
     return f.num_deletions / f.num_entries if f.num_entries > 0 else 0.0
 
 
+TOMBSTONE_TRIES = 16
+"""At most this many candidates' tasks are built and tested per :func:`tombstone_task` call
+(the densest; all of L0 counts as one), so that ``pick`` stays cheap under the DB mutex."""
+
+
 def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
     """The "tombstones" compaction (module docstring), or None (also when ``ratio`` is 0 or
     None: disabled). Candidates are the tables with density >= ``ratio``, densest first (ties:
     the shallower level, then the older table); the first whose task is also that dense as a
     whole (tombstones / entries over every input, the overlaps below included) is returned.
-    O(candidates x tables)."""
+    Only the :data:`TOMBSTONE_TRIES` (16) densest candidates are tried (all of L0 counting
+    as one): a less dense one waits until the size-triggered compactions have taken those
+    away. O(tables) to find the candidates (one pass over the manifest's counts) plus
+    O(16 x levels x log tables) for the tries (bisections in the sorted levels)."""
     if not ratio:
         return None
     levels = _levels_of(version)
     candidates = []
     for n, files in enumerate(levels):
         for f in files:
-            if f.num_deletions > 0 and tombstone_density(f) >= ratio:
-                candidates.append((-tombstone_density(f), n, f.number, f))
-    candidates.sort(key=lambda c: c[:3])
+            d = f.num_deletions
+            if d > 0:
+                density = d / f.num_entries
+                if density >= ratio:
+                    candidates.append((-density, n, f.number, f))
+    # Enough that TOMBSTONE_TRIES distinct tasks are tried even if every L0 table is a candidate.
+    candidates = nsmallest(TOMBSTONE_TRIES + len(levels[0]), candidates, key=lambda c: c[:3])
     l0_done = False
+    tries = 0
     for neg_d, n, _, f in candidates:
+        if tries == TOMBSTONE_TRIES:
+            break
         if n == 0:
             if l0_done:
                 continue  # every L0 table makes the same task
@@ -183,6 +219,7 @@ def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
             task = CompactionTask(n, n, (f,), (), True, False, "tombstones", -neg_d)
         else:
             task = level_task(levels, n, reason="tombstones", score=-neg_d, files=(f,))
+        tries += 1
         files = task.all_inputs
         entries = sum(x.num_entries for x in files)
         # The same comparison as a candidate's (tombstone_density): deletions / entries >=
@@ -201,7 +238,7 @@ def level_task(levels, level: int, *, reason: str, score: float = 0.0,
         return None
     lo = min(f.smallest for f in inputs)
     hi = max(f.largest for f in inputs)
-    nxt = tuple(overlapping(levels[level + 1], lo, hi))
+    nxt = tuple(overlapping(levels[level + 1], lo, hi, level + 1))
     if nxt:
         lo = min(lo, nxt[0].smallest)
         hi = max(hi, nxt[-1].largest)
@@ -241,7 +278,7 @@ def full_task(version, options) -> CompactionTask | None:
     files = inputs + tuple(f for _, fs in middle for f in fs)
     lo = min(f.smallest for f in files)
     hi = max(f.largest for f in files)
-    nxt = tuple(overlapping(levels[out], lo, hi))
+    nxt = tuple(overlapping(levels[out], lo, hi, out))
     trivial = first > 0 and len(files) == 1 and not nxt
     if trivial:
         bottom = is_bottommost(levels, out, lo, hi)
@@ -286,7 +323,7 @@ def _pick_one_file(levels, level: int, options, score: float) -> CompactionTask:
     best = None
     best_ratio = None
     for f in levels[level]:
-        over = level_bytes(overlapping(nxt_files, f.smallest, f.largest))
+        over = level_bytes(overlapping(nxt_files, f.smallest, f.largest, level + 1))
         ratio = over / max(f.size, 1)
         if best_ratio is None or ratio < best_ratio:
             best, best_ratio = f, ratio
