@@ -17,6 +17,10 @@ Each workload runs twice in one process, on a fresh DB each time, with
   --churn-deletes are deletes and the rest overwrites or re-inserts, flushing as the memtable
   fills: the cost of the option under a steady load with deletes.
 
+Every run checks its answers: after the workload settles and again after the final manual
+compaction, a full scan must equal the workload's model (every live key with its value, no
+other key); a mismatch stops the run with exit status 1.
+
 Usage: python3 bench/delete_space.py [--keys 200000] [--fraction 0.9] [--ratio 0.2]
 """
 
@@ -61,15 +65,31 @@ def settle(db) -> float:
     return time.perf_counter() - t0
 
 
+def check(db, model: dict, when: str) -> None:
+    """A full scan of ``db`` must be ``model`` (key -> value), in key order; else exit 1."""
+    n = 0
+    want = iter(sorted(model.items()))
+    for got in db.scan():
+        exp = next(want, None)
+        if got != exp:
+            model_has = f"{exp[0]!r} ({len(exp[1])} bytes)" if exp else "nothing"
+            what = "a different value" if exp and exp[0] == got[0] else "another key"
+            sys.exit(f"WRONG ANSWER {when}: entry {n} of the scan is {got[0]!r} "
+                     f"({len(got[1])} bytes, {what}), the model has {model_has}")
+        n += 1
+    if n != len(model):
+        sys.exit(f"WRONG ANSWER {when}: the scan has {n} keys, the model {len(model)}")
+
+
 def run(workload: str, args, ratio: float) -> dict:
     d = tempfile.mkdtemp(prefix="sievekv-delspace-")
     try:
         rng = random.Random(1)
-        live: dict[bytes, int] = {}
+        live: dict[bytes, bytes] = {}  # the model: every live key and its value
         with DB.open(d, tombstone_compaction_ratio=ratio) as db:
             fill = [(key(i), rng.randbytes(args.value_size)) for i in range(args.keys)]
             write_all(db, fill)
-            live.update((k, len(k) + len(v)) for k, v in fill)
+            live.update(fill)
             db.flush()
             db.compact()
             db.wait_for_compactions(3600)
@@ -101,18 +121,21 @@ def run(workload: str, args, ratio: float) -> dict:
                 if v is None:
                     live.pop(k, None)
                 else:
-                    live[k] = len(k) + len(v)
+                    live[k] = v
             settle_s = settle(db)
             s1 = db.stats()
             after = table_bytes(db)
             tombstones = sum(lv["tombstones"] for lv in s1["levels"])
+            check(db, live, f"{workload} ratio {ratio} after the settle")
             db.compact()
             floor = table_bytes(db)
+            check(db, live, f"{workload} ratio {ratio} after compact()")
         by = {r: c - s0["compactions_by_reason"].get(r, 0)
               for r, c in s1["compactions_by_reason"].items()
               if c - s0["compactions_by_reason"].get(r, 0)}
         return {"before": before, "after": after, "floor": floor,
-                "live": sum(live.values()), "keys_live": len(live), "tombstones": tombstones,
+                "live": sum(len(k) + len(v) for k, v in live.items()), "keys_live": len(live),
+                "tombstones": tombstones,
                 "write_s": write_s, "settle_s": settle_s,
                 "written": s1["compaction_bytes_written"] - s0["compaction_bytes_written"],
                 "read": s1["compaction_bytes_read"] - s0["compaction_bytes_read"],
