@@ -49,6 +49,15 @@ Leveled compaction, as in LevelDB/RocksDB:
   dense table whose task is diluted below the ratio by what lies below it waits for the
   size-triggered compactions, as it did before this option.
 
+  The cost under a steady load with deletes (bench/tombstone_steady_wa.py, bench/results/db.md
+  "Session 11: space after deletes"): +3% to +10% compaction bytes for most loads, but a small
+  DB with a delete-heavy steady load pays up to ~1.5x (a queue of 5,000 live keys, 50%
+  deletes: 1.54x at 600,000 writes): its flushes are dense with tombstones over a small L1,
+  so an L0 -> L1 task is dense as a whole and runs after most flushes instead of at the L0
+  count (48 tombstone and 12 l0-count compactions, against 39 l0-count off). An idle-time rule (Cassandra's tombstone_compaction_interval: a table becomes a
+  candidate only once it is that old, or here once no write has come for a while) would avoid
+  it; not done.
+
 ``pick(levels, options)`` takes anything with a ``levels`` attribute or a sequence of levels,
 each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest`` (L0 newest
 first, L1+ sorted by key and non-overlapping). ``apply(levels, task, outputs)`` returns the
