@@ -40,6 +40,7 @@ import time
 
 from . import filenames
 from .compaction import compaction_job, execute, max_outputs, pick, plan, raw_input_bytes
+from .compaction.picker import tombstone_wake_at
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import MemTable
@@ -201,6 +202,7 @@ class Background:
             self._remove_file(filenames.log_file_name(self.path, mem.log_number))
             with self._mu:
                 self._version = version
+                self._births.flushed(metas, time.monotonic())
                 self._frozen.remove(mem)
                 self._publish()
                 self.counters.flushes += 1
@@ -259,6 +261,10 @@ class Background:
     # compaction
     # ------------------------------------------------------------------------------------
     def _compaction_loop(self) -> None:
+        """Pick and run compactions until close. With nothing due it waits on ``_bg_cv`` for
+        a flush, an install or close, and no longer than until the next tombstone compaction
+        held back by ``tombstone_compaction_delay`` becomes due (picker.tombstone_wake_at): a
+        timed wait, no polling, and close() does not wait for it."""
         opts = self.options
         delay = RETRY_FIRST_S
         while True:
@@ -266,14 +272,19 @@ class Background:
                 while True:  # pick first, then wait: the version recovered at open counts
                     if self._closing or (self._bg_error is not None and not self._bg_recoverable):
                         return
+                    wake = None
                     if not opts.disable_auto_compactions:
-                        task = pick(self._version, opts)
+                        now = time.monotonic()
+                        task = pick(self._version, opts, now, self._births)
                         if task is not None:
                             break
-                    self._bg_cv.wait()
+                        # A tombstone compaction held back by tombstone_compaction_delay:
+                        # wake up when it is due, even if no write ever comes again.
+                        wake = tombstone_wake_at(self._version, opts, now, self._births)
+                    self._bg_cv.wait(None if wake is None else max(0.0, wake - now))
             try:
                 with self._compaction_lock:
-                    task = pick(self._version, opts)
+                    task = pick(self._version, opts, time.monotonic(), self._births)
                     if task is not None:
                         self._run_task(task)
                 delay = RETRY_FIRST_S
@@ -347,6 +358,7 @@ class Background:
                                               [f.number for f in result.outputs])
             with self._mu:
                 self._version = new_version
+                self._births.compacted(task, result.outputs, time.monotonic())
                 self._publish()
                 self.counters.note_compaction(task, result, time.perf_counter() - t0)
                 self._bg_cv.notify_all()

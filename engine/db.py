@@ -46,6 +46,7 @@ the writers queue, background state).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from bisect import bisect_left
@@ -54,6 +55,7 @@ from . import filenames, reports
 from .background import RETRY_WAIT_S, Background
 from .block_cache import BlockCache
 from .compaction import full_task, pick, rewrite_tasks
+from .compaction.births import Births
 from .errors import (ClosedError, InvalidArgumentError, ResultTooLargeError, SieveError,
                      StorageIOError)
 from .filter_cap import FilterCap
@@ -192,6 +194,12 @@ class DB(Background):
                 except Exception:  # noqa: BLE001 - the first failure is the one to report
                     pass
             raise
+        # Birth times for tombstone_compaction_delay (engine/compaction/births.py): every
+        # table is open now, so its stored creation time costs a lookup.
+        self._births = Births()
+        self._births.at_open(self._version,
+                             lambda n: self._tables.get(n).properties.creation_time,
+                             time.time(), time.monotonic())
         self._start_background(path)
 
     def _recover(self, fs, path: str, opts: Options):
@@ -688,14 +696,17 @@ class DB(Background):
                     exc.retryable = False
             raise
 
-    def wait_for_compactions(self, timeout: float | None = None) -> bool:
+    def wait_for_compactions(self, timeout: float | None = None, delayed: bool = False) -> bool:
         """Wait until background work is done (RocksDB's WaitForCompact): no memtable waiting
         for its flush, no compaction running, none due (the picker returns None: every level
         within its target and no table dense enough in tombstones, engine/compaction/picker.py)
-        and no compaction backing off after a full disk. With ``disable_auto_compactions`` no
-        compaction is ever due. Returns True then; False after ``timeout`` seconds (None: no
-        limit) or when the DB is in its failed state. Raises ClosedError if it closes.
-        Writes made meanwhile by other threads can keep it waiting (until ``timeout``)."""
+        and no compaction backing off after a full disk. A tombstone compaction that
+        ``tombstone_compaction_delay`` still holds back is not due, unless ``delayed``: then
+        it is waited for too (it runs about the delay after its tables last changed; an idle
+        DB giving its space back). With ``disable_auto_compactions`` no compaction is ever
+        due. Returns True then; False after ``timeout`` seconds (None: no limit) or when the
+        DB is in its failed state. Raises ClosedError if it closes. Writes made meanwhile by
+        other threads can keep it waiting (until ``timeout``)."""
         end = None if timeout is None else time.monotonic() + timeout
         opts = self.options
         with self._mu:
@@ -704,7 +715,10 @@ class DB(Background):
                     raise ClosedError("DB is closed")
                 if self._bg_error is not None and not self._bg_recoverable:
                     return False
-                due = not opts.disable_auto_compactions and pick(self._version, opts) is not None
+                # delayed: as if every delay had passed (now = +inf).
+                now = math.inf if delayed else time.monotonic()
+                due = (not opts.disable_auto_compactions
+                       and pick(self._version, opts, now, self._births) is not None)
                 if (not due and not self._frozen and self._running is None
                         and self._compaction_full_disk is None):
                     return True

@@ -133,7 +133,7 @@ class ReadOnlyDB(DB):
     def checkpoint(self, dest, create_parents: bool = False):
         self._refuse("checkpoint")
 
-    def wait_for_compactions(self, timeout=None) -> bool:
+    def wait_for_compactions(self, timeout=None, delayed: bool = False) -> bool:
         """Nothing is ever flushed or compacted here: True at once (ClosedError once closed)."""
         if self._rs is None:
             raise ClosedError("DB is closed")

@@ -48,8 +48,10 @@ for statistics).
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import asdict, dataclass, field
 
+from .compaction.picker import tombstone_wake_at
 from .filter_plan import current_allocation, policy_fpr
 
 
@@ -165,6 +167,9 @@ def stats(db) -> dict:
         "compactions_by_reason": dict(c.compactions_by_reason),
         "tombstone_compactions": c.tombstone_compactions,
         "tombstones_dropped": c.tombstones_dropped,
+        # Seconds until a tombstone compaction that tombstone_compaction_delay holds back
+        # may run, or None (none held back).
+        "tombstone_compaction_due_in_s": _tombstone_due_in(db, rs.version),
         "compaction_running": _running_compaction(db),
         # DB.verify in progress (engine/verify.py Progress.report), or None
         "verify_running": (lambda p: p.report() if p is not None else None)(
@@ -205,6 +210,18 @@ def stats(db) -> dict:
         "recovered_tables": c.recovered_tables,
         "counters": asdict(c),
     }
+
+
+def _tombstone_due_in(db, version) -> float | None:
+    """Seconds from now until the earliest table that ``tombstone_compaction_delay`` holds
+    back from a tombstone compaction becomes old enough (picker.tombstone_wake_at; it then
+    runs if its task is dense enough as a whole), or None: none is held back, or nothing
+    compacts here (read-only, disable_auto_compactions). O(tables)."""
+    if db.options.disable_auto_compactions or not getattr(db, "_threads", None):
+        return None
+    now = time.monotonic()
+    wake = tombstone_wake_at(version, db.options, now, db._births)
+    return None if wake is None else round(wake - now, 3)
 
 
 def _compression(db, rs, levels: list[dict]) -> dict:

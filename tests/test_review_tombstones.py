@@ -17,6 +17,10 @@ Plain tests: behaviour checked and found right (kept as regressions). The two bu
 - Bugs: a table exactly at the ratio is a candidate but never compacted (float rounding); a
   manual compact() moves a lone table with tombstones to the bottom without dropping them.
 
+Session 12 added ``tombstone_compaction_delay`` (default 60 s): the real DBs here open with
+delay 0, the behaviour this review examined (elisions that start at open, compactions during
+a steady load); tests/test_tombstone_delay.py covers the delay.
+
 Performance findings (write amplification under steady loads, the cost of pick() under the DB
 mutex with thousands of tables) are in the review report, not here.
 """
@@ -163,10 +167,12 @@ def test_older_l0_value_under_newer_l0_tombstone_with_deeper_copies():
 # ---------------------------------------------------------------------------------------------
 # Real DBs
 # ---------------------------------------------------------------------------------------------
+# The rule as this review examined it: on, without the idle time added in session 12.
+RULE = dict(tombstone_compaction_ratio=0.2, tombstone_compaction_delay=0)
 TINY = dict(memtable_bytes=8192, target_file_size=4096, max_bytes_for_level_base=16384,
             level_size_multiplier=2.0, block_size=512, l0_compaction_trigger=2,
             l0_slowdown_trigger=8, l0_stop_trigger=12, slowdown_sleep_s=0.0,
-            filter_policy=None, table_workers=0, tombstone_compaction_ratio=0.2)
+            filter_policy=None, table_workers=0, **RULE)
 
 
 def _items(db):
@@ -293,7 +299,7 @@ def test_scan_opened_before_an_in_place_elision_reads_its_snapshot_after_it(tmp_
     model, opts = _bottom_tombstones(path)
     fs = PausingFS()
     fs.armed = True  # the elision's first output table pauses mid-write
-    db = DB.open(path, fs=fs, tombstone_compaction_ratio=0.2, **opts)
+    db = DB.open(path, fs=fs, **RULE, **opts)
     try:
         assert fs.reached.wait(WAIT_S), "no elision started at open"
         run = db.stats()["compaction_running"]
@@ -318,7 +324,7 @@ def test_scan_opened_before_an_in_place_elision_reads_its_snapshot_after_it(tmp_
         fs.armed = False
         fs.resume.set()
         db.close()
-    with DB.open(str(tmp_path / "cp"), tombstone_compaction_ratio=0.2, **opts) as db:
+    with DB.open(str(tmp_path / "cp"), **RULE, **opts) as db:
         assert _items(db) == sorted(model.items())
         assert db.wait_for_compactions(WAIT_S)
         assert _items(db) == sorted(model.items())
@@ -339,7 +345,7 @@ def test_crash_at_every_file_operation_of_an_elision_loses_nothing(tmp_path):
         db = None
         ok = False
         try:
-            db = DB.open(path, fs=fs, tombstone_compaction_ratio=0.2, **opts)
+            db = DB.open(path, fs=fs, **RULE, **opts)
             ok = db.wait_for_compactions(WAIT_S)
         except (InjectedCrash, StorageIOError):
             pass
@@ -352,7 +358,7 @@ def test_crash_at_every_file_operation_of_an_elision_loses_nothing(tmp_path):
         with DB.open(path, tombstone_compaction_ratio=0, **opts) as db:
             assert _items(db) == sorted(model.items()), f"crash after {n} operations"
             done = sum(x["tombstones"] for x in db.stats()["levels"]) == 0
-        with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:
+        with DB.open(path, **RULE, **opts) as db:
             assert db.wait_for_compactions(WAIT_S)
             assert sum(x["tombstones"] for x in db.stats()["levels"]) == 0
             assert _items(db) == sorted(model.items())
@@ -367,7 +373,8 @@ _CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
     from engine import DB
-    db = DB.open({path!r}, tombstone_compaction_ratio=0.2, table_workers=2, **{opts!r})
+    db = DB.open({path!r}, tombstone_compaction_ratio=0.2, tombstone_compaction_delay=0,
+                 table_workers=2, **{opts!r})
     end = time.monotonic() + 60
     while time.monotonic() < end:  # until an output table of a running compaction has bytes
         run = db.stats()["compaction_running"]
@@ -406,7 +413,7 @@ def test_sigkill_during_tombstone_compactions_with_table_workers(tmp_path):
             live = db._version.live_numbers()
         partial = [f for f in os.listdir(path) if f.endswith(".sst") and int(f[:-4]) not in live]
         partials += len(partial)
-        with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:
+        with DB.open(path, **RULE, **opts) as db:
             assert not [f for f in partial if os.path.exists(os.path.join(path, f))]
             assert _items(db) == sorted(model.items())
             assert db.wait_for_compactions(WAIT_S)
@@ -423,7 +430,7 @@ def test_elision_with_a_filter_budget_and_filters_for_hits(tmp_path):
         path = str(tmp_path / f"f{len(extra)}{sorted(extra)[0]}")
         model, opts = _bottom_tombstones(path)
         opts = dict(opts, filter_policy="blocked-bloom", **extra)
-        with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:
+        with DB.open(path, **RULE, **opts) as db:
             assert db.wait_for_compactions(WAIT_S)
             assert db.stats()["compactions_by_reason"].get("tombstones", 0) >= 1
             assert sum(x["tombstones"] for x in db.stats()["levels"]) == 0
@@ -440,7 +447,7 @@ def test_option_off_runs_no_tombstone_compaction_and_idle_db_stays_idle(tmp_path
     with DB.open(path, tombstone_compaction_ratio=0, **opts) as db:
         assert db.wait_for_compactions(WAIT_S)
         assert db.stats()["compactions"] == 0
-    with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:
+    with DB.open(path, **RULE, **opts) as db:
         assert db.wait_for_compactions(WAIT_S)
         n = db.stats()["compactions"]
         cpu0 = time.process_time()

@@ -5,7 +5,9 @@ by trivial moves are rewritten away in place (an L6 -> L6 compaction that recove
 deletes of absent keys settle, and no data is lost (a stateful model test with heavy deletes).
 
 Background work is awaited with DB.wait_for_compactions (a condition with a deadline, not a
-sleep).
+sleep). These tests are about the rule itself and open with ``tombstone_compaction_delay=0``
+(no idle time: the behaviour before the delay existed); tests/test_tombstone_delay.py covers
+the delay.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def _check(db, model: dict) -> None:
 def test_deleting_most_keys_gives_the_space_back_only_with_the_option(tmp_path, ratio):
     n = 20_000
     model: dict = {}
-    with DB.open(tmp_path / "db", tombstone_compaction_ratio=ratio) as db:
+    with DB.open(tmp_path / "db", tombstone_compaction_ratio=ratio,
+                 tombstone_compaction_delay=0) as db:
         _fill(db, n, model)
         db.compact()
         assert db.wait_for_compactions(WAIT_S)
@@ -97,7 +100,7 @@ def test_a_reopened_db_compacts_its_tombstones_without_a_write(tmp_path):
         assert db.wait_for_compactions(WAIT_S)
         before = _table_bytes(db)
         assert _tombstones(db) == 8000
-    with DB.open(path) as db:  # the default ratio
+    with DB.open(path, tombstone_compaction_delay=0) as db:  # the default ratio
         assert db.wait_for_compactions(WAIT_S)
         assert db.stats()["tombstone_compactions"] >= 1 and _tombstones(db) == 0
         assert _table_bytes(db) < 0.3 * before
@@ -126,7 +129,8 @@ def test_tombstones_trivially_moved_to_l6_are_elided_in_place_and_recovered(tmp_
         left = levels[6]["tombstones"]
         assert left > 0  # the old behaviour: kept at the bottom for ever
         files = [f.number for f in db._version.levels[6] if f.num_deletions]
-    with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:
+    with DB.open(path, tombstone_compaction_ratio=0.2, tombstone_compaction_delay=0,
+                 **opts) as db:
         assert db.wait_for_compactions(WAIT_S)
         st_ = db.stats()
         assert st_["compactions_by_reason"] == {"tombstones": len(files)}
@@ -135,7 +139,8 @@ def test_tombstones_trivially_moved_to_l6_are_elided_in_place_and_recovered(tmp_
         assert not {f.number for f in db._version.levels[6]} & set(files)
         version = db._version.levels
         _check(db, model)
-    with DB.open(path, tombstone_compaction_ratio=0.2, **opts) as db:  # recovery
+    with DB.open(path, tombstone_compaction_ratio=0.2, tombstone_compaction_delay=0,
+                 **opts) as db:  # recovery
         assert db._version.levels == version
         assert db.wait_for_compactions(WAIT_S) and db.stats()["compactions"] == 0
         _check(db, model)
@@ -144,7 +149,7 @@ def test_tombstones_trivially_moved_to_l6_are_elided_in_place_and_recovered(tmp_
 def test_deletes_of_absent_keys_settle_and_leave_no_tombstone(tmp_path):
     model: dict = {}
     with DB.open(tmp_path / "db", max_bytes_for_level_base=256 << 10,
-                 target_file_size=64 << 10) as db:
+                 target_file_size=64 << 10, tombstone_compaction_delay=0) as db:
         _fill(db, 10_000, model)
         db.compact()
         assert db.wait_for_compactions(WAIT_S)
@@ -172,7 +177,7 @@ def test_running_tombstone_compaction_reports_its_reason(tmp_path):
         db.flush()
     fs = PausingFS()
     fs.armed = True  # the compaction thread's first output pauses (open writes no table)
-    db = DB.open(path, fs=fs, target_file_size=64 << 10)
+    db = DB.open(path, fs=fs, target_file_size=64 << 10, tombstone_compaction_delay=0)
     try:
         assert fs.reached.wait(WAIT_S), "no tombstone compaction started at open"
         now = db.stats()["compaction_running"]
@@ -211,7 +216,7 @@ HEAVY = dict(memtable_bytes=4096, target_file_size=4096, max_bytes_for_level_bas
              level_size_multiplier=2.0, block_size=256, l0_compaction_trigger=2,
              l0_slowdown_trigger=4, l0_stop_trigger=6, slowdown_sleep_s=0.0,
              block_cache_bytes=4096, filter_policy=None, table_workers=0,
-             tombstone_compaction_ratio=0.2)
+             tombstone_compaction_ratio=0.2, tombstone_compaction_delay=0)
 
 
 class HeavyDeletes(DBModel):

@@ -49,24 +49,34 @@ Leveled compaction, as in LevelDB/RocksDB:
   dense table whose task is diluted below the ratio by what lies below it waits for the
   size-triggered compactions, as it did before this option.
 
-  The cost under a steady load with deletes (bench/tombstone_steady_wa.py, bench/results/db.md
-  "Session 11: space after deletes"): +3% to +10% compaction bytes for most loads, but a small
-  DB with a delete-heavy steady load pays up to ~1.5x (a queue of 5,000 live keys, 50%
-  deletes: 1.54x at 600,000 writes): its flushes are dense with tombstones over a small L1,
-  so an L0 -> L1 task is dense as a whole and runs after most flushes instead of at the L0
-  count (48 tombstone and 12 l0-count compactions, against 39 l0-count off). An idle-time rule (Cassandra's tombstone_compaction_interval: a table becomes a
-  candidate only once it is that old, or here once no write has come for a while) would avoid
-  it; not done.
+  Idle time (``tombstone_compaction_delay``, seconds; Cassandra's
+  tombstone_compaction_interval): a candidate counts only once its tables have not changed
+  for that long. For L0 that is L0 as a whole: no flush into it for the delay (its youngest
+  table is that old), so under a steady load L0 goes down by the l0-count trigger, not by
+  this rule; for a table of L1+ its own age. A table's birth time (``born``: file number ->
+  time on the caller's clock, time.monotonic() in the DB; engine/compaction/births.py says
+  where it comes from) is when a flush or compaction wrote it, and a tombstone task's
+  outputs keep their youngest input's time, so the tombstones of an idle DB go down the
+  levels without a wait per level. Without the delay (``0``) the rule ran after most
+  flushes of a small DB with a delete-heavy steady load: a queue of 5,000 live keys with
+  50% deletes wrote 1.54x the compaction bytes with the rule on (its flushes are dense with
+  tombstones over a small L1, so an L0 -> L1 task is dense as a whole; bench/results/db.md
+  "Session 11: space after deletes"); the delay holds those back until the load stops
+  ("Session 12: idle-time rule for tombstone compactions"). :func:`tombstone_wake_at` says
+  when the next held-back candidate becomes eligible, for the compaction thread's timed wait.
 
-``pick(levels, options)`` takes anything with a ``levels`` attribute or a sequence of levels,
-each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest`` (L0 newest
-first, L1+ sorted by key and non-overlapping). ``apply(levels, task, outputs)`` returns the
+``pick(levels, options, now, born)`` takes anything with a ``levels`` attribute or a sequence of
+levels, each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest``
+(L0 newest first, L1+ sorted by key and non-overlapping); ``now`` (default: infinitely late,
+every delay passed: simulators without a clock) and ``born`` (default: no birth times, every
+table born long ago) only matter to the tombstone rule. ``apply(levels, task, outputs)`` returns the
 levels after the task, for simulators and tests; the runner turns the same task into a
 VersionEdit.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from heapq import nsmallest
@@ -169,14 +179,17 @@ def is_bottommost(levels, output_level: int, lo: bytes, hi: bytes) -> bool:
     return True
 
 
-def pick(version, options) -> CompactionTask | None:
+def pick(version, options, now: float = math.inf, born=None) -> CompactionTask | None:
     """The most urgent compaction, or None when every level is within its target and no
-    table's tombstone density reaches ``options.tombstone_compaction_ratio``."""
+    table's tombstone density reaches ``options.tombstone_compaction_ratio`` (counting only
+    the tables unchanged for ``options.tombstone_compaction_delay`` at ``now``, given their
+    birth times ``born``: see :func:`tombstone_task`)."""
     levels = _levels_of(version)
     sc = scores(levels, options)
     best = max(range(len(sc)), key=lambda n: (sc[n], -n))
     if sc[best] < 1.0:
-        return tombstone_task(levels, getattr(options, "tombstone_compaction_ratio", None))
+        return tombstone_task(levels, getattr(options, "tombstone_compaction_ratio", None),
+                              getattr(options, "tombstone_compaction_delay", 0.0), now, born)
     if best == 0:
         return level_task(levels, 0, reason="l0-count", score=sc[0])
     return _pick_one_file(levels, best, options, sc[best])
@@ -192,11 +205,36 @@ TOMBSTONE_TRIES = 16
 (the densest; all of L0 counts as one), so that ``pick`` stays cheap under the DB mutex."""
 
 
-def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
+def _birth(born, f) -> float:
+    """``f``'s birth time in ``born`` (number -> time); -inf (long ago) when not there."""
+    if born is None:
+        return -math.inf
+    t = born.get(f.number)
+    return -math.inf if t is None else t
+
+
+def _eligible_from(levels, delay: float, born):
+    """A function (level, file) -> the time from which the delay lets the tombstone rule pick
+    that table: its birth + ``delay`` for L1+, the youngest L0 table's birth + ``delay`` for
+    every L0 table (L0 has been quiet: no flush into it for the delay)."""
+    if not delay:
+        return lambda n, f: -math.inf
+    l0 = max((_birth(born, f) for f in levels[0]), default=-math.inf) + delay
+
+    def eligible_from(n, f):
+        return l0 if n == 0 else _birth(born, f) + delay
+    return eligible_from
+
+
+def tombstone_task(version, ratio: float | None, delay: float = 0.0, now: float = math.inf,
+                   born=None) -> CompactionTask | None:
     """The "tombstones" compaction (module docstring), or None (also when ``ratio`` is 0 or
-    None: disabled). Candidates are the tables with density >= ``ratio``, densest first (ties:
-    the shallower level, then the older table); the first whose task is also that dense as a
-    whole (tombstones / entries over every input, the overlaps below included) is returned.
+    None: disabled). Candidates are the tables with density >= ``ratio`` that are old enough
+    at ``now`` (``delay`` seconds, 0: any age; ``born``: file number -> birth time on the
+    clock of ``now``, a table missing from it counts as born long ago; the module docstring,
+    "Idle time"), densest first (ties: the shallower level, then the older table); the first
+    whose task is also that dense as a whole (tombstones / entries over every input, the
+    overlaps below included) is returned. A table exactly ``delay`` old is eligible.
     Only the :data:`TOMBSTONE_TRIES` (16) densest candidates are tried (all of L0 counting
     as one): a less dense one waits until the size-triggered compactions have taken those
     away. O(tables) to find the candidates (one pass over the manifest's counts) plus
@@ -204,13 +242,14 @@ def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
     if not ratio:
         return None
     levels = _levels_of(version)
+    eligible_from = _eligible_from(levels, delay, born)
     candidates = []
     for n, files in enumerate(levels):
         for f in files:
             d = f.num_deletions
             if d > 0:
                 density = d / f.num_entries
-                if density >= ratio:
+                if density >= ratio and eligible_from(n, f) <= now:
                     candidates.append((-density, n, f.number, f))
     # Enough that TOMBSTONE_TRIES distinct tasks are tried even if every L0 table is a candidate.
     candidates = nsmallest(TOMBSTONE_TRIES + len(levels[0]), candidates, key=lambda c: c[:3])
@@ -236,6 +275,30 @@ def tombstone_task(version, ratio: float | None) -> CompactionTask | None:
         if entries and sum(x.num_deletions for x in files) / entries >= ratio:
             return task
     return None
+
+
+def tombstone_wake_at(version, options, now: float, born=None) -> float | None:
+    """When the tombstone rule should look again: the earliest time after ``now`` at which a
+    table with tombstone density >= ``options.tombstone_compaction_ratio`` that the delay
+    holds back now becomes old enough (see :func:`tombstone_task`), or None when no such
+    table is held back (the rule off, no delay, or every candidate already eligible). The
+    compaction thread waits until then when :func:`pick` returns None, so that an idle DB
+    gives its space back without a write to wake it. O(tables)."""
+    ratio = getattr(options, "tombstone_compaction_ratio", None)
+    delay = getattr(options, "tombstone_compaction_delay", 0.0)
+    if not ratio or not delay:
+        return None
+    levels = _levels_of(version)
+    eligible_from = _eligible_from(levels, delay, born)
+    wake = None
+    for n, files in enumerate(levels):
+        for f in files:
+            d = f.num_deletions
+            if d > 0 and d / f.num_entries >= ratio:
+                t = eligible_from(n, f)
+                if t > now and (wake is None or t < wake):
+                    wake = t
+    return wake
 
 
 def level_task(levels, level: int, *, reason: str, score: float = 0.0,

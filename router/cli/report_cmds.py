@@ -7,13 +7,14 @@ A fan-out call that some shards failed exits 4 (PARTIAL) after printing what the
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 
 import grpc
 
 from ..config import default_config_text
-from ..humanize import format_bytes, format_count
+from ..humanize import format_bytes, format_count, format_duration
 from . import config_toml, rpc, target
 from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, UNREACHABLE, CliError, from_rpc_error
 from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
@@ -116,6 +117,9 @@ def cmd_stats(args) -> int:
         reasons = compaction_reasons(s)
         if reasons:
             print(f"{name}: compactions {reasons}")
+        due = tombstone_due(s)
+        if due:
+            print(f"{name}: {due}")
         if s.get("failed"):
             how = ("writes refused until a flush succeeds (retrying)" if s.get("failed_retrying")
                    else "writes refused until the shard restarts")
@@ -259,6 +263,17 @@ def compaction_reasons(stats: dict) -> str:
     text = ", ".join(f"{r} {format_count(n)}" for r, n in sorted(by.items()))
     dropped = stats.get("tombstones_dropped")
     return text + (f" ({format_count(dropped)} tombstones dropped)" if dropped else "")
+
+
+def tombstone_due(stats: dict) -> str:
+    """``tombstone compaction due in 42s (tombstone_compaction_delay)``: when a table dense
+    with tombstones that the delay holds back becomes old enough to compact
+    (``stats()["tombstone_compaction_due_in_s"]``), "" when none is held back."""
+    due = stats.get("tombstone_compaction_due_in_s") if isinstance(stats, dict) else None
+    if due is None:
+        return ""
+    return (f"tombstone compaction due in {format_duration(math.ceil(due))} "
+            "(tombstone_compaction_delay)")
 
 
 def running_compaction(stats: dict) -> str:
