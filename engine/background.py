@@ -13,8 +13,12 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   (RocksDB's MaybeScheduleFlushOrCompaction at the end of DB::Open;
   tests/test_reopen_compacts.py).
 - Table writing runs in a worker process when the DB has a pool (engine/table_workers.py),
-  else in the thread itself. A worker that dies makes the job rerun in the thread; at close the
-  DB's jobs are cancelled (killed) and their half-written tables removed.
+  else in the thread itself. A job that cannot run in a worker is rerun in the thread (a
+  *fallback*: slower, never wrong): its worker died (``worker_lost``), none could be started
+  (``no_worker``), or it used every file number reserved for it (``numbers_exhausted``).
+  Each fallback is counted by reason in ``stats()["table_workers"]`` and logged as one warning
+  (logger ``engine.background``). At close the DB's jobs are cancelled (killed) and their
+  half-written tables removed.
 - A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
   writes are refused with the error, reads go on, reopening recovers.
 
@@ -36,6 +40,7 @@ Any other failure, or ENOSPC once the manifest has failed, is fatal as above.
 from __future__ import annotations
 
 import errno
+import logging
 import time
 
 from . import filenames
@@ -44,7 +49,7 @@ from .compaction.picker import tombstone_wake_at
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import MemTable
-from .table_workers import WorkerLost
+from .table_workers import NoWorker, WorkerLost
 from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
 from .version_edit import VersionEdit
 
@@ -92,6 +97,8 @@ RETRY_MIN_GAP_S = 1.0
 memtable's table, so a client writing through an outage must not drive one per write)."""
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+log = logging.getLogger(__name__)
 
 
 class Background:
@@ -226,22 +233,28 @@ class Background:
 
     def _in_worker(self, numbers, fn, *args):
         """Run a table-writing job in a worker process. Returns None when the caller should
-        run it in this thread instead (the worker died, or the job ran out of numbers);
+        run it in this thread instead (module docstring: a fallback, counted and logged);
         raises Cancelled if the DB is closing, or the job's own error."""
         try:
             result = self._pool.call(self, fn, *args)
             self.counters.worker_jobs += 1
             return result
-        except WorkerLost:
+        except WorkerLost as exc:
             for n in numbers:  # a killed worker may leave a partial table behind
                 self._remove_file(filenames.table_file_name(self.path, n))
             if self._closing:
                 raise Cancelled() from None
-            self.counters.worker_fallbacks += 1
+            self._fell_back(fn, "no_worker" if isinstance(exc, NoWorker) else "worker_lost", exc)
             return None
-        except NumbersExhausted:
-            self.counters.worker_fallbacks += 1
+        except NumbersExhausted as exc:
+            self._fell_back(fn, "numbers_exhausted", exc)
             return None
+
+    def _fell_back(self, fn, reason: str, exc: BaseException) -> None:
+        self.counters.note_worker_fallback(reason)
+        job = "flush" if fn is flush_job else "compaction"
+        log.warning("%s: %s job runs in the DB's thread instead of a table worker (%s): %s",
+                    self.path, job, reason, exc)
 
     def _reserve(self, number: int) -> None:
         with self._mu:

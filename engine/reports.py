@@ -77,7 +77,9 @@ class Counters:
     stop_s: float = 0.0
     background_errors: int = 0
     recovered_errors: int = 0  # full-disk failed states ended by a successful flush
-    worker_fallbacks: int = 0
+    worker_fallbacks: int = 0  # jobs rerun in a DB thread, all reasons (background.py)
+    worker_fallbacks_by_reason: dict = field(default_factory=lambda: dict.fromkeys(
+        ("worker_lost", "no_worker", "numbers_exhausted"), 0))
     worker_jobs: int = 0
     recovered_entries: int = 0
     recovered_tables: int = 0
@@ -88,6 +90,11 @@ class Counters:
     # Tombstones the inputs held minus those the outputs hold: dropped at the bottom, or
     # merged with an older tombstone of the same key (every compaction, whatever its reason).
     tombstones_dropped: int = 0
+
+    def note_worker_fallback(self, reason: str) -> None:
+        self.worker_fallbacks += 1
+        by = self.worker_fallbacks_by_reason
+        by[reason] = by.get(reason, 0) + 1
 
     def note_compaction(self, task, result, seconds: float) -> None:
         self.compactions += 1
@@ -197,7 +204,12 @@ def stats(db) -> dict:
         "filter_probes": _filter_probes(db._tables),
         "table_workers": {"processes": db._pool.size if db._pool is not None else 0,
                           "jobs_in_process": c.worker_jobs,
-                          "fallbacks_to_threads": c.worker_fallbacks},
+                          # Jobs rerun in the DB's thread: the total, then by reason
+                          # (engine/background.py): the worker died during the job, none
+                          # could be started, the job ran out of reserved file numbers.
+                          "fallbacks_to_threads": c.worker_fallbacks,
+                          **{"fallbacks_" + r: n
+                             for r, n in c.worker_fallbacks_by_reason.items()}},
         "background_errors": c.background_errors,
         "recovered_errors": c.recovered_errors,
         "failed": None if db._bg_error is None else str(db._bg_error),

@@ -22,7 +22,15 @@ Rules:
   boundary, so the DB runs jobs in its own threads then (option ``table_workers=0`` too).
 - :meth:`WorkerPool.cancel` kills the workers busy with an owner's jobs (DB close): their
   ``call`` raises :class:`WorkerLost`, and the half-written tables, never named by the
-  manifest, are removed at the next open. A dead worker is replaced on the next call.
+  manifest, are removed at the next open. It kills them while holding the pool's lock and
+  marks them, so a worker that finished its job just before the kill is never handed out
+  again, dead, to the next job of another DB (that job used to fall back to its DB's thread).
+- A dead worker is replaced: one that died during a job when that job ends, one that died
+  while idle (killed from outside, the OOM killer) when the next job finds it dead
+  (``proc.poll()``), before the job is sent.
+- A worker that cannot be started (fork or exec failing: no memory, no file descriptors)
+  makes the jobs that wait for it raise :class:`NoWorker` (their DBs run them in their own
+  threads); the pool keeps its size and tries again once ``spawn_retry_s`` has passed.
 - Errors come back as SieveError subclasses (re-created from the message, errno and path):
   engine exceptions do not survive pickling as-is.
 
@@ -36,6 +44,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -44,6 +53,14 @@ from .errors import CorruptionError, InvalidArgumentError, SieveError, StorageIO
 
 class WorkerLost(SieveError):
     """The worker running a job died or was cancelled; the job's outcome is unknown."""
+
+
+class NoWorker(WorkerLost):
+    """No worker process could be started for a job (it was never sent to one)."""
+
+
+SPAWN_RETRY_S = 1.0
+"""After a failed start, seconds during which jobs do not try to start another worker."""
 
 
 _ERRORS = {"StorageIOError": StorageIOError, "CorruptionError": CorruptionError,
@@ -130,6 +147,7 @@ class _Worker:
         self.send_conn = send_conn
         self.recv_conn = recv_conn
         self.owner = None
+        self.cancelled = False  # killed by cancel(): never idle again
 
     def close(self) -> None:
         for c in (self.send_conn, self.recv_conn):
@@ -142,45 +160,73 @@ class _Worker:
 class WorkerPool:
     """A fixed number of spawned worker processes. See the module docstring."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, spawn_retry_s: float = SPAWN_RETRY_S):
         self.size = size
+        self.spawn_retry_s = spawn_retry_s
         self._cv = threading.Condition()
         self._idle: list[_Worker] = []
         self._busy: list[_Worker] = []
         self._starting = 0
         self._requests: list = []
         self._spawner: threading.Thread | None = None
+        self._spawn_failed_at: float | None = None  # monotonic time of the last failed start
+        self._spawn_error = ""
+        self._closed = False
         self.jobs = 0
-        self.restarts = 0
+        self.restarts = 0  # dead workers dropped (during a job, while idle, or cancelled)
+        self.spawn_failures = 0
 
     # -- spawning (in one long-lived thread, so PDEATHSIG means "the process died") ------------
     def _spawn_loop(self) -> None:
         while True:
             with self._cv:
-                while not self._requests:
+                while not self._requests and not self._closed:
                     self._cv.wait()
+                if self._closed:
+                    return
                 self._requests.pop()
             try:
-                w = _Worker(*_spawn_one())
-            except BaseException:  # noqa: BLE001 - callers fall back to their own threads
-                w = None
+                w, error = _Worker(*_spawn_one()), ""
+            except BaseException as exc:  # noqa: BLE001 - callers fall back to their own threads
+                w, error = None, repr(exc)
             with self._cv:
                 self._starting -= 1
-                if w is not None:
-                    self._idle.append(w)
+                if w is None:
+                    self.spawn_failures += 1
+                    self._spawn_failed_at = time.monotonic()
+                    self._spawn_error = error
+                elif self._closed:
+                    w.proc.kill()
+                    w.proc.wait()
+                    w.close()
                 else:
-                    self.size = max(0, self.size - 1)
+                    self._spawn_failed_at = None
+                    self._idle.append(w)
                 self._cv.notify_all()
 
     def _acquire(self, owner) -> _Worker:
+        """An idle, live worker, now busy with ``owner``'s job. Raises NoWorker if none can
+        be started. REQUIRES: not holding ``_cv``."""
         with self._cv:
             while True:
-                if self._idle:
+                if self._closed:
+                    raise NoWorker("the worker pool is closed")
+                while self._idle:
                     w = self._idle.pop()
+                    if w.proc.poll() is not None:  # died while idle: replace it below
+                        self.restarts += 1
+                        w.close()
+                        continue
                     w.owner = owner
                     self._busy.append(w)
                     return w
-                if len(self._busy) + self._starting < self.size:
+                failing = (self._spawn_failed_at is not None
+                           and time.monotonic() - self._spawn_failed_at < self.spawn_retry_s)
+                if failing:
+                    if not self._busy and not self._starting:  # nothing to wait for
+                        raise NoWorker("no table worker process could be started "
+                                       f"({self._spawn_error})")
+                elif len(self._busy) + self._starting < self.size:
                     self._starting += 1
                     self._requests.append(1)
                     if self._spawner is None:
@@ -189,39 +235,44 @@ class WorkerPool:
                                                          daemon=True)
                         self._spawner.start()
                     self._cv.notify_all()
-                if self.size == 0:
-                    raise WorkerLost("no worker process could be started")
                 self._cv.wait()
 
-    def _release(self, w: _Worker, alive: bool) -> None:
+    def _release(self, w: _Worker, alive: bool) -> bool:
+        """Take ``w`` back; return whether it stays (live and not cancelled). A worker that
+        does not stay must be killed and reaped by the caller (outside the lock)."""
         with self._cv:
             self._busy.remove(w)
             w.owner = None
-            if alive:
+            keep = alive and not w.cancelled and not self._closed
+            if keep:
                 self._idle.append(w)
             else:
                 self.restarts += 1
                 w.close()
             self._cv.notify_all()
+            return keep
 
     # -- jobs ------------------------------------------------------------------------------
     def call(self, owner, fn, *args):
         """Run ``fn(*args)`` in a worker; return its result or raise its error.
 
-        Raises WorkerLost if the worker dies (or is cancelled) before answering.
+        Raises WorkerLost if the worker dies (or is cancelled) before answering, NoWorker
+        (a WorkerLost) if no worker could be started.
         """
         w = self._acquire(owner)
-        alive = False
+        reply = lost = None
         try:
             w.send_conn.send((fn, args))
             reply = w.recv_conn.recv()
-            alive = True
         except (EOFError, OSError) as exc:
-            w.proc.kill()
-            w.proc.wait()
-            raise WorkerLost(f"table worker died during a job ({exc!r})") from None
+            lost = exc
         finally:
-            self._release(w, alive)
+            if not self._release(w, reply is not None):
+                w.proc.kill()
+                w.proc.wait()
+        if reply is None:
+            why = "cancelled" if w.cancelled else f"exit status {w.proc.returncode}"
+            raise WorkerLost(f"table worker died during a job ({why}; {lost!r})")
         self.jobs += 1
         if reply[0] == "ok":
             return reply[1]
@@ -239,12 +290,43 @@ class WorkerPool:
         raise SieveError(f"table worker failed: {name}: {message}\n{tb}")
 
     def cancel(self, owner) -> int:
-        """Kill the workers busy with ``owner``'s jobs; return how many."""
+        """Kill the workers busy with ``owner``'s jobs; return how many.
+
+        Under the lock: a worker still busy with ``owner`` cannot be released (and handed to
+        another owner) before it is killed, and being marked it never goes back to idle, even
+        if its reply arrived before the signal.
+        """
         with self._cv:
             victims = [w for w in self._busy if w.owner is owner]
-        for w in victims:
-            w.proc.kill()
+            for w in victims:
+                w.cancelled = True
+                w.proc.kill()
         return len(victims)
+
+    def close(self) -> None:
+        """Stop the pool's workers (idle ones exit, busy ones are killed) and refuse later
+        calls (NoWorker). For private pools (tests); the shared pool lives as long as the
+        process."""
+        with self._cv:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            for w in self._busy:
+                w.cancelled = True
+                w.proc.kill()
+            self._cv.notify_all()
+        for w in idle:
+            try:
+                w.send_conn.send(None)
+            except OSError:
+                pass
+            w.close()
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        if self._spawner is not None:
+            self._spawner.join(timeout=30)
 
 
 _pool: WorkerPool | None = None

@@ -2,13 +2,14 @@
 
 import errno
 import os
+import signal
 import threading
 
 import pytest
 
 from engine import DB, StorageIOError
 from engine.filenames import FileKind, list_files
-from engine.table_workers import WorkerLost, WorkerPool
+from engine.table_workers import NoWorker, WorkerLost, WorkerPool
 from engine.vfs import default_fs
 
 
@@ -111,7 +112,7 @@ def test_close_cancels_a_long_compaction_in_a_worker(tmp_path):
         assert set(tables) == live  # no half-written output left behind
 
 
-def test_worker_that_runs_out_of_numbers_leaves_no_table_behind(tmp_path, monkeypatch):
+def test_worker_that_runs_out_of_numbers_leaves_no_table_behind(tmp_path, monkeypatch, caplog):
     """A compaction job in a worker gets its output numbers reserved up front; one that needs
     more runs again in the DB's thread. The tables it wrote before running out must go (they
     are in no version): write_tables removes what it created when it fails."""
@@ -125,11 +126,177 @@ def test_worker_that_runs_out_of_numbers_leaves_no_table_behind(tmp_path, monkey
             for i in range(1500):
                 db.put(b"%06d" % i, b"round%d-%d" % (r, i))
             db.flush()
-        db.compact()  # several output tables: the worker runs out after one
+        with caplog.at_level("WARNING", logger="engine.background"):
+            db.compact()  # several output tables: the worker runs out after one
         stats = db.stats()
-        assert stats["table_workers"]["fallbacks_to_threads"] >= 1, stats["table_workers"]
+        tw = stats["table_workers"]
+        assert tw["fallbacks_to_threads"] == tw["fallbacks_numbers_exhausted"] == 1, tw
+        (rec,) = [r for r in caplog.records if r.name == "engine.background"]
+        assert "compaction job" in rec.getMessage() and "(numbers_exhausted)" in rec.getMessage()
         live = {f.number for files in db._version.levels for f in files}
         on_disk = {n for kind, n, _ in list_files(default_fs(), str(tmp_path / "db"))
                    if kind is FileKind.TABLE}
         assert on_disk == live
         assert db.get(b"000042") == b"round2-42"
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool's robustness: dead workers are never handed out, a failed start is retried, and
+# every fallback to the DB's thread says why (stats and one log line).
+# ---------------------------------------------------------------------------------------------
+def job_wait_for(path):
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    return os.getpid()
+
+
+def _wait_dead(pid: int) -> None:
+    """Block until ``pid`` (a child of this process) has exited, without reaping it: the pool
+    must find out by itself."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
+
+def _puts(db, n, tag=b"v"):
+    for i in range(n):
+        db.put(b"%06d" % i, (tag + b"%d" % i) * 8)
+
+
+def test_an_idle_worker_killed_from_outside_is_replaced_without_a_fallback(tmp_path):
+    """A worker that died while idle (SIGKILL from outside, the OOM killer, or a close()
+    that killed it just after its job ended) used to be handed to the next job, which then
+    fell back to the DB's thread (the cause of a flaky fallbacks_to_threads == 0 in
+    tests/test_review_compression.py). The pool now checks before it sends a job."""
+    with DB.open(tmp_path / "db", table_workers=1, disable_auto_compactions=True) as db:
+        _puts(db, 500)
+        db.flush()
+        assert db.stats()["table_workers"]["jobs_in_process"] == 1
+        pool = db._pool
+        with pool._cv:
+            idle = [w.proc.pid for w in pool._idle]
+        assert idle  # the worker of that flush waits for the next job
+        for pid in idle:
+            os.kill(pid, signal.SIGKILL)
+        for pid in idle:
+            _wait_dead(pid)
+        restarts = pool.restarts
+        _puts(db, 500, b"w")
+        db.flush()
+        tw = db.stats()["table_workers"]
+        assert tw["jobs_in_process"] == 2 and tw["fallbacks_to_threads"] == 0, tw
+        assert pool.restarts >= restarts + 1  # the dead one was dropped, a new one started
+        assert db.get(b"000007") == b"w7" * 8
+
+
+def test_a_worker_cancelled_after_it_answered_is_not_handed_out_again(tmp_path):
+    """The race behind the flaky test: DB.close() kills the workers busy with its jobs, but a
+    worker whose answer is already in the pipe finishes its call as a success; it used to go
+    back to the idle list dead. cancel() now marks what it kills, under the pool's lock."""
+    pool = WorkerPool(1)
+    try:
+        go = str(tmp_path / "go")
+        result = []
+        t = threading.Thread(target=lambda: result.append(pool.call("A", job_wait_for, go)))
+        with pool._cv:  # the call cannot give its worker back while this thread holds the lock
+            t.start()
+            while not pool._busy:
+                pool._cv.wait(0.01)
+            (w,) = pool._busy
+            open(go, "w").close()  # the job ends and answers
+            # Wait until the caller has read the answer and waits for the lock in _release.
+            while not any(f.f_code.co_name == "_release" for f in _frames(t)):
+                threading.Event().wait(0.005)
+            assert pool.cancel("A") == 1  # DB close: kills the worker that already answered
+        t.join()
+        assert result == [w.proc.pid]  # the job's answer stands
+        assert w not in pool._idle and w.proc.returncode == -signal.SIGKILL  # and reaped
+        (total, pid) = pool.call("B", job_add, 1, 2)  # another owner's job: a fresh worker
+        assert total == 3 and pid != w.proc.pid
+    finally:
+        pool.close()
+
+
+def _frames(thread):
+    import sys
+
+    f = sys._current_frames().get(thread.ident)
+    while f is not None:
+        yield f
+        f = f.f_back
+
+
+def test_a_failed_worker_start_is_tried_again_later(monkeypatch):
+    """A start that fails (fork or exec) used to shrink the pool for good: one failure at
+    size 1 sent every later job of the process to the DB threads. Now the jobs waiting for it
+    get NoWorker, and the pool tries again once spawn_retry_s has passed."""
+    import sys
+
+    pool = WorkerPool(1, spawn_retry_s=3600)
+    try:
+        monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+        with pytest.raises(NoWorker, match="could be started"):
+            pool.call("owner", job_add, 1, 1)
+        assert pool.spawn_failures == 1 and pool.size == 1
+        monkeypatch.undo()
+        with pytest.raises(NoWorker):  # within spawn_retry_s: no new try
+            pool.call("owner", job_add, 1, 1)
+        assert pool.spawn_failures == 1
+        pool.spawn_retry_s = 0.0  # the time has passed
+        (total, pid) = pool.call("owner", job_add, 2, 2)
+        assert total == 4 and pid != os.getpid()
+    finally:
+        pool.close()
+
+
+def _flush_with(db, pool):
+    """Flush ``db`` with its jobs sent to ``pool`` (a private pool: a fault injected into the
+    process-wide one would reach later tests)."""
+    db._pool = pool
+    _puts(db, 500)
+    db.flush()
+
+
+def test_a_fallback_because_no_worker_starts_is_counted_and_logged(tmp_path, monkeypatch, caplog):
+    import sys
+
+    pool = WorkerPool(1)
+    try:
+        with DB.open(tmp_path / "db", table_workers=1, disable_auto_compactions=True) as db:
+            monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+            with caplog.at_level("WARNING", logger="engine.background"):
+                _flush_with(db, pool)
+            monkeypatch.undo()
+            tw = db.stats()["table_workers"]
+            assert tw["fallbacks_to_threads"] == tw["fallbacks_no_worker"] == 1, tw
+            assert tw["fallbacks_worker_lost"] == tw["fallbacks_numbers_exhausted"] == 0, tw
+            assert db.get(b"000007") == b"v7" * 8
+        (rec,) = [r for r in caplog.records if r.name == "engine.background"]
+        assert "flush job" in rec.getMessage() and "(no_worker)" in rec.getMessage()
+    finally:
+        pool.close()
+
+
+def test_a_fallback_because_the_worker_died_is_counted_and_logged(tmp_path, caplog):
+    pool = WorkerPool(1)
+    try:
+        with DB.open(tmp_path / "db", table_workers=1, disable_auto_compactions=True) as db:
+            db._pool = pool
+            pool.call("warm-up", job_add, 0, 0)
+            (w,) = pool._idle
+            os.kill(w.proc.pid, signal.SIGSTOP)  # alive, but it will not answer
+            with caplog.at_level("WARNING", logger="engine.background"):
+                t = threading.Thread(target=_flush_with, args=(db, pool))
+                t.start()
+                while not pool._busy:  # the flush job went to the stopped worker
+                    threading.Event().wait(0.01)
+                os.kill(w.proc.pid, signal.SIGKILL)
+                t.join()
+            tw = db.stats()["table_workers"]
+            assert tw["fallbacks_to_threads"] == tw["fallbacks_worker_lost"] == 1, tw
+            assert db.get(b"000007") == b"v7" * 8
+        (rec,) = [r for r in caplog.records if r.name == "engine.background"]
+        assert "flush job" in rec.getMessage() and "(worker_lost)" in rec.getMessage()
+        assert "exit status -9" in rec.getMessage()
+    finally:
+        pool.close()

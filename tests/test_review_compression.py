@@ -151,7 +151,11 @@ def test_compaction_to_a_weaker_setting_stays_in_its_table_worker(tmp_path):
         db.compact()
         st = db.stats()
         assert st["compression"]["ratio"] > 3
-        assert st["table_workers"]["fallbacks_to_threads"] == 0
+        # No fallback of any kind. This failed once in a loaded full-suite run (1 fallback):
+        # an earlier test's DB.close() killed a worker just as its job ended, the pool handed
+        # it out dead and this DB's first flush fell back (worker_lost). Fixed in
+        # engine/table_workers.py (tests/test_db_workers.py pins it); the reasons say why.
+        assert st["table_workers"]["fallbacks_to_threads"] == 0, st["table_workers"]
     with DB.open(path, compression="none", **opts) as db:
         put(db, 300)
         db.flush()
@@ -172,8 +176,9 @@ def test_compaction_to_a_weaker_setting_stays_in_its_table_worker(tmp_path):
         assert st["table_workers"]["jobs_in_process"] >= 1
         # The finding: the worker ran out of reserved numbers and the job was redone here.
         # Now the reservation counts the inputs' data blocks raw and the worker's job stands.
-        assert st["table_workers"]["fallbacks_to_threads"] == 0, (
+        assert st["table_workers"]["fallbacks_numbers_exhausted"] == 0, (
             st["table_workers"], [lv["tables"] for lv in st["levels"]])
+        assert st["table_workers"]["fallbacks_to_threads"] == 0, st["table_workers"]
 
 
 # ---------------------------------------------------------------------------------------------
