@@ -116,6 +116,9 @@ RATIOS = {
     "data_blocks_read_per_get": (("data_blocks_read",), ("gets",)),
     # filter bits held per key, pages rounded up (the engine's effective_bits_per_key)
     "effective_bits_per_key": (("filter_bytes",), ("keys",)),  # x 8, see _ratio
+    # block compression: data bytes raw / stored ("compression.ratio", each level's)
+    "ratio": (("uncompressed_data_bytes",), ("data_bytes",)),
+    "compression_ratio": (("uncompressed_data_bytes",), ("data_bytes",)),
 }
 NOT_SUMMED = frozenset({
     "level", "output_level", "number", "last_sequence",  # identifiers, positions
