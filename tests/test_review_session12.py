@@ -181,3 +181,60 @@ def test_put_with_an_option_before_a_dash_value_parses(capsys):
                                   "put", "k", "--sync", "--", "-x"])
     assert "unrecognized arguments" not in err, err
     assert code == UNREACHABLE, err
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "router/cli/lifecycle.py _restart_cluster stops the cluster before anything checks the "
+    "re-read config's slot layout against the data directory's cluster-layout.json (the "
+    "supervisor's preflight does, at start): `sievekv cluster restart` after an edit of "
+    "[shards] count refuses with exit 2 and leaves the cluster stopped; docs/cli.md says a "
+    "full restart takes the edits 'except slot ranges', not that it takes the cluster down"))
+def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, request):
+    from .test_cli_e2e import kill_recorded, sievekv
+
+    conf = tmp_path / "c.toml"
+    conf.write_text('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
+                    '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
+
+    def finish():
+        sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
+        kill_recorded(str(tmp_path / "data"))
+
+    request.addfinalizer(finish)
+    r = sievekv("cluster", "start", "-q", "--config", str(conf))
+    assert r.returncode == 0, r.stderr
+    conf.write_text(conf.read_text().replace("count = 1", "count = 2"))
+    r = sievekv("cluster", "restart", "-q", "--config", str(conf))
+    assert r.returncode == USAGE and "cluster reshard" in r.stderr, r.stderr
+    conf.write_text(conf.read_text().replace("count = 2", "count = 1"))
+    status = sievekv("cluster", "status", "--config", str(conf))
+    assert status.returncode == 0 and status.stdout.startswith("cluster running"), status.stdout
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "router/cli/lifecycle.py cmd_start and the supervisor's preflight accept any directory: "
+    "`sievekv cluster start --data-dir DATA/shard-0` (a shard's engine directory, a likely "
+    "slip) starts a second cluster inside it, writing cluster.lock, cluster-state.json, logs/ "
+    "and a nested shard-0/ among the engine's own files, exit 0; it should refuse (exit 2) a "
+    "directory that holds an engine (CURRENT, MANIFEST-*) and create nothing"))
+def test_cluster_start_refuses_a_shard_engine_directory(tmp_path, request):
+    from .test_cli_e2e import kill_recorded, sievekv
+
+    engine_dir = tmp_path / "data" / "shard-0"
+    with DB.open(str(engine_dir), table_workers=0) as db:
+        db.put(b"a", b"1")
+    before = sorted(os.listdir(engine_dir))
+    conf = tmp_path / "c.toml"
+    conf.write_text('[router]\nlisten = "127.0.0.1:0"\n[shards]\ncount = 1\nbase_port = 0\n'
+                    '[engine]\ntable_workers = 0\n')
+
+    def finish():
+        sievekv("cluster", "stop", "--config", str(conf), "--data-dir", str(engine_dir),
+                "--timeout", "5")
+        kill_recorded(str(engine_dir))
+
+    request.addfinalizer(finish)
+    r = sievekv("cluster", "start", "-q", "--config", str(conf), "--data-dir", str(engine_dir))
+    assert r.returncode == USAGE, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and str(engine_dir) in r.stderr, r.stderr
+    assert sorted(os.listdir(engine_dir)) == before
