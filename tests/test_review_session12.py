@@ -121,11 +121,10 @@ def test_a_mapped_get_that_decompresses_a_block_counts_a_cache_miss(tmp_path):
     assert second["hits"] == first["hits"] + 1 and second["misses"] == first["misses"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/report_cmds.py _finish_partial prints one 'sievekv: error: Stats failed on "
-    "NAME: ...' line per failed shard, so `sievekv stats` with 2 shards down ends with two "
-    "error lines; docs/cli.md 'Exit codes' promises exactly one error line for every failure "
-    "(filters, flush, compact, verify and checkpoint print one summary line)"))
+# Fixed in session 12; was a strict xfail: router/cli/report_cmds.py _finish_partial prints one
+# 'sievekv: error: Stats failed on NAME: ...' line per failed shard, so `sievekv stats` with 2
+# shards down ends with two error lines; docs/cli.md 'Exit codes' promises exactly one error line
+# for every failure (filters, flush, compact, verify and checkpoint print one summary line)
 def test_stats_with_two_shards_down_prints_one_error_line(procs, tmp_path, capsys):
     live = start_shard_process(procs, str(tmp_path / "s0"), name="s0",
                                extra=("--engine-option", "table_workers=0"))
@@ -137,8 +136,9 @@ def test_stats_with_two_shards_down_prints_one_error_line(procs, tmp_path, capsy
     assert code == PARTIAL
     assert [line.split()[0] for line in out.splitlines()[1:3]] == ["s0", "s1"]
     assert "Traceback" not in out + err
-    assert err.count("\n") == 1 and err.startswith("sievekv: error: "), err
-    assert "s1" in err and "s2" in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("sievekv: error: Stats failed on 2 of 3 shards: s1: "), err
+    assert "; s2: " in err, err  # each failed shard named with its own error
 
 
 @pytest.mark.xfail(strict=True, reason=(

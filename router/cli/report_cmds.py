@@ -45,12 +45,16 @@ def _failed_shards(doc: dict) -> dict:
 
 
 def _finish_partial(doc: dict, what: str) -> int:
+    """OK, or PARTIAL after the one error line every failure gets, naming each failed shard
+    with its error: ``Stats failed on s1: ...`` or ``Stats failed on 2 of 3 shards: s1: ...;
+    s2: ...``."""
     failed = _failed_shards(doc)
     if not failed:
         return OK
-    for name, err in sorted(failed.items()):
-        print(f"sievekv: error: {what} failed on {name}: {err}", file=sys.stderr)
-    return PARTIAL
+    each = "; ".join(f"{name}: {err}" for name, err in sorted(failed.items()))
+    where = (f"on {each}" if len(failed) == 1 else
+             f"on {len(failed)} of {len(doc.get('sections', failed))} shards: {each}")
+    raise CliError(f"{what} failed {where}", PARTIAL)
 
 
 # ---------------------------------------------------------------------------------------------
