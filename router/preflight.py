@@ -109,10 +109,11 @@ def layout_of(cfg: ClusterConfig) -> dict:
     return {"slots": [[s.slot_start, s.slot_end] for s in cfg.shards]}
 
 
-def check_layout(cfg: ClusterConfig) -> None:
+def check_layout(cfg: ClusterConfig, record: bool = True) -> None:
     """Raise PreflightError if the data directory holds a different shard layout.
 
     The first start records the layout (``cluster-layout.json``); later starts must match.
+    ``record=False`` only checks (a full ``cluster restart`` does, before it stops anything).
     """
     path = os.path.join(cfg.data_dir, cs.LAYOUT_FILE)
     want = layout_of(cfg)
@@ -120,6 +121,8 @@ def check_layout(cfg: ClusterConfig) -> None:
         with open(path, encoding="utf-8") as f:
             have = json.load(f)
     except FileNotFoundError:
+        if not record:
+            return
         tmp = path + ".tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as f:

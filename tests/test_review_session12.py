@@ -183,12 +183,11 @@ def test_put_with_an_option_before_a_dash_value_parses(capsys):
     assert code == UNREACHABLE, err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/lifecycle.py _restart_cluster stops the cluster before anything checks the "
-    "re-read config's slot layout against the data directory's cluster-layout.json (the "
-    "supervisor's preflight does, at start): `sievekv cluster restart` after an edit of "
-    "[shards] count refuses with exit 2 and leaves the cluster stopped; docs/cli.md says a "
-    "full restart takes the edits 'except slot ranges', not that it takes the cluster down"))
+# Fixed in session 12; was a strict xfail: router/cli/lifecycle.py _restart_cluster stops the
+# cluster before anything checks the re-read config's slot layout against the data directory's
+# cluster-layout.json (the supervisor's preflight does, at start): `sievekv cluster restart` after
+# an edit of [shards] count refuses with exit 2 and leaves the cluster stopped; docs/cli.md says a
+# full restart takes the edits 'except slot ranges', not that it takes the cluster down
 def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, request):
     from .test_cli_e2e import kill_recorded, sievekv
 
@@ -201,14 +200,24 @@ def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, re
         kill_recorded(str(tmp_path / "data"))
 
     request.addfinalizer(finish)
+    from router import cluster_state as cs
+
     r = sievekv("cluster", "start", "-q", "--config", str(conf))
     assert r.returncode == 0, r.stderr
-    conf.write_text(conf.read_text().replace("count = 1", "count = 2"))
+    before = cs.read_state(str(tmp_path / "data"))
+    good = conf.read_text()
+    conf.write_text(good.replace("count = 1", "count = 2"))
     r = sievekv("cluster", "restart", "-q", "--config", str(conf))
     assert r.returncode == USAGE and "cluster reshard" in r.stderr, r.stderr
-    conf.write_text(conf.read_text().replace("count = 2", "count = 1"))
+    assert r.stderr.count("\n") == 1 and "nothing was stopped" in r.stderr, r.stderr
+    conf.write_text(good.replace("count = 1", "count = 1\nbogus = 3"))  # a config that fails
+    r = sievekv("cluster", "restart", "-q", "--config", str(conf))
+    assert r.returncode == USAGE and "bogus" in r.stderr, r.stderr
+    conf.write_text(good)
     status = sievekv("cluster", "status", "--config", str(conf))
     assert status.returncode == 0 and status.stdout.startswith("cluster running"), status.stdout
+    after = cs.read_state(str(tmp_path / "data"))  # the same processes: nothing was restarted
+    assert cs.recorded_pids(after) == cs.recorded_pids(before)
 
 
 @pytest.mark.xfail(strict=True, reason=(

@@ -23,7 +23,7 @@ from engine.errors import LockedError
 from engine.vfs import FileSystem
 
 from .. import cluster_state as cs
-from .. import launch
+from .. import launch, preflight
 from .. import restore_journal as rj
 from ..config import DEFAULT_CONFIG_NAME, ClusterConfig
 from ..humanize import format_duration
@@ -358,12 +358,19 @@ def cmd_restart(args) -> int:
 
 def _restart_cluster(args) -> int:
     """Stop, then start with the same config (a file is re-read: edits take effect). Like
-    ``start``, stdout gets only the router address; the stop report goes to stderr."""
+    ``start``, stdout gets only the router address; the stop report goes to stderr. A config
+    that cannot be loaded, or whose slot layout is not the data directory's, is refused (USAGE)
+    before anything is stopped: the start would refuse it and leave the cluster down."""
     doc = target.read_state(args)
     source = doc.get("config", {}).get("source")
     if not getattr(args, "config", None) and source and source != DEFAULT_CONFIG_NAME:
         args.config = source
     if not getattr(args, "data_dir", None):
         args.data_dir = doc["data_dir"]
+    cfg = target.load_config(args)
+    try:
+        preflight.check_layout(cfg, record=False)
+    except preflight.PreflightError as exc:
+        raise CliError(f"{exc}; nothing was stopped", USAGE) from None
     cmd_stop(args, out=io.StringIO() if getattr(args, "quiet", False) else sys.stderr)
     return cmd_start(args)
