@@ -292,32 +292,42 @@ class Table:
                         raise ClosedError(f"table {self.path} is closed") from None
                     raise
             else:
-                # First read of this block: _read_contents inlined. Contents and trailer are
-                # sliced apart (one copy of the block), the CRC check is mask() inlined.
+                # A read that checks the block: _read_contents inlined. One slice copies the
+                # contents with the trailer's type byte, so one CRC call covers what the
+                # trailer's checksum covers (docs/format.md "Blocks"); mask() is inlined.
                 try:
-                    data = m[off:end]
-                    t = m[end : end + BLOCK_TRAILER_SIZE]
+                    data = m[off : end + 1]
+                    stored = _u32_at(m, end + 1)[0]
                 except ValueError:  # the mapping was closed: close() ran
                     raise ClosedError(f"table {self.path} is closed") from None
-                c = _crc_extend(_crc_value(data), _DATA_TYPE_BYTE)
-                if (len(t) != BLOCK_TRAILER_SIZE or t[0] != BLOCK_TYPE_DATA
+                except struct.error:  # the trailer runs past the mapping: a short file
+                    stored = None
+                c = _crc_value(data)
+                n = len(data) - 1  # the contents' length
+                if (n != end - off or data[-1] != BLOCK_TYPE_DATA
                         or (((c >> 15 | c << 17) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-                        != _u32_at(t, 1)[0]):
+                        != stored):
                     # Damaged (raises the CorruptionError naming it) or compressed (checked
                     # and decompressed: kept in the block cache, and marked so later gets
                     # look there first).
                     data = self._read_contents(i)
-                    if len(t) == BLOCK_TRAILER_SIZE and t[0] != BLOCK_TYPE_DATA:
+                    if stored is not None and m[end] != BLOCK_TYPE_DATA:
                         self._in_place[i] = 2
                         cache = self._scan_cache
                         if cache is not None:
                             cache.insert(self._cache_keys[i], data, len(data))
+                    r = find_whole(data, key, self.path, off)
                 else:
                     self.data_block_file_reads += 1
-                    if (len(data) >= 4 and _u32_at(data, len(data) - 4)[0] > BLOCK_HASH_FLAG
-                            and not self._verify_every_read):
-                        self._in_place[i] = 1
-                r = find_whole(data, key, self.path, off)
+                    if n >= 4 and _u32_at(data, n - 4)[0] > BLOCK_HASH_FLAG:
+                        # The hash index answers, on the contents inside data (no second
+                        # copy to drop the type byte).
+                        if not self._verify_every_read:
+                            self._in_place[i] = 1
+                        r = find_hashed(data, 0, n, key, self.path, off)
+                    else:
+                        data = data[:n]
+                        r = find_whole(data, key, self.path, off)
         elif self._whole:  # restart interval 1: search the contents, no Block built or cached
             cache = self._cache
             if cache is None:
