@@ -170,7 +170,6 @@ class Background:
         levels = self._version.levels
         bits = bits_for_new_table(self.options, levels, 0, len(mem))
         topts = table_options(self.options, bits)
-        entries = list(mem.items())
         metas = None
         numbers: list[int] = []
         taken: list[int] = []  # numbers reserved by the in-thread writer
@@ -184,9 +183,13 @@ class Background:
                 numbers = [self._manifest.new_file_number()]
                 for n in numbers:
                     self._reserve(n)
-                metas = self._in_worker(numbers, flush_job, self.path, entries, numbers, topts)
+                # Unsorted flat buffers: the worker sorts and builds the entries, so this
+                # process (and the writers waiting on its GIL) pays ~0.1 s, not ~1.1 s, per
+                # 64 MiB memtable (MemTable.columns).
+                metas = self._in_worker(numbers, flush_job, self.path, mem.columns(), numbers,
+                                        topts)
             if metas is None:
-                metas = write_tables(self._fs, self.path, [entries],
+                metas = write_tables(self._fs, self.path, [list(mem.items())],
                                      new_number=self._manifest.new_file_number,
                                      table_options=topts, on_number=reserve)
         except BaseException as exc:

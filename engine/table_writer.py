@@ -171,10 +171,13 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
         raise
 
 
-def flush_job(dirname: str, entries: list, numbers: list, table_options: TableOptions) -> list[FileMeta]:
-    """Worker-process job (engine/table_workers.py): write ``entries`` (sorted) as one table
-    numbered from ``numbers``, on the real file system. Same result as a flush in a thread."""
+def flush_job(dirname: str, columns, numbers: list, table_options: TableOptions) -> list[FileMeta]:
+    """Worker-process job (engine/table_workers.py): write a frozen memtable's entries, sent
+    as :meth:`~engine.memtable.MemTable.columns` (unsorted; sorted here, in the worker's own
+    process), as one table numbered from ``numbers``, on the real file system. Same result as
+    a flush in a thread."""
+    from .memtable import entries_from_columns
     from .vfs import default_fs
 
-    return write_tables(default_fs(), dirname, [entries], new_number=NumberSupply(numbers),
-                        table_options=table_options)
+    return write_tables(default_fs(), dirname, [entries_from_columns(columns)],
+                        new_number=NumberSupply(numbers), table_options=table_options)

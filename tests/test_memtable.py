@@ -5,7 +5,9 @@ import threading
 
 from engine.format import KIND_DELETE, KIND_VALUE
 from engine.iterators import concat_tables, live_items, merge_newest, merge_runs_batched
-from engine.memtable import ENTRY_OVERHEAD, MemTable
+import pytest
+
+from engine.memtable import ENTRY_OVERHEAD, Columns, MemTable, entries_from_columns
 
 
 def test_add_get_overwrite_and_delete():
@@ -22,6 +24,58 @@ def test_add_get_overwrite_and_delete():
     assert m.log_number == 7
     m.freeze()
     assert list(m.items()) == [(b"a", 13, KIND_DELETE, b""), (b"b", 12, KIND_VALUE, b"3")]
+
+
+def test_columns_unpack_to_the_sorted_entries():
+    """What a flush sends a table worker (unsorted flat buffers) unpacks to exactly what an
+    in-thread flush writes: items() in key order, overwrites and tombstones included."""
+    rng = random.Random(5)
+    m = MemTable()
+    seq = 1
+    for _ in range(3000):
+        k = rng.randbytes(rng.randrange(1, 40))
+        if rng.random() < 0.2:
+            m.add(seq, [(KIND_DELETE, k, b"")])
+        else:
+            m.add(seq, [(KIND_VALUE, k, rng.randbytes(rng.randrange(0, 300)))])
+        seq += 1
+        if rng.random() < 0.3:  # overwrite an earlier key: its first position in the dict
+            m.add(seq, [(KIND_VALUE, k, b"again")])
+            seq += 1
+    m.add(seq, [(KIND_VALUE, b"big-seq", b"v")])
+    m.add(2 ** 56 + 3, [(KIND_VALUE, b"x" * 70000, b"")])  # u32 length, seq past 32 bits
+    m.freeze()
+    cols = m.columns()
+    assert entries_from_columns(cols) == list(m.items())
+
+
+def test_frozen_memtable_sorts_lazily_once_for_concurrent_readers():
+    m = MemTable()
+    keys = [random.Random(2).randbytes(8) for _ in range(20000)]
+    m.add(1, [(KIND_VALUE, k, b"") for k in keys])
+    m.freeze()  # O(1): nothing sorted yet
+    out = []
+    ts = [threading.Thread(target=lambda: out.append([e[0] for e in m.items()]))
+          for _ in range(4)]
+    ts += [threading.Thread(target=lambda: out.append([e[0] for e in m.iterate()]))
+           for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(out) == 8 and all(o == sorted(set(keys)) for o in out)
+
+
+def test_columns_that_disagree_are_refused():
+    m = MemTable()
+    m.add(1, [(KIND_VALUE, b"a", b"1"), (KIND_VALUE, b"b", b"2")])
+    m.freeze()
+    c = m.columns()
+    for bad in (c._replace(keys=c.keys[:-1]), c._replace(values=c.values + b"x"),
+                c._replace(kinds=c.kinds[:1]), c._replace(seqs=c.seqs[:8])):
+        with pytest.raises(ValueError, match="disagree"):
+            entries_from_columns(bad)
+    assert isinstance(c, Columns)
 
 
 def test_iterate_bounds_and_chunks():
