@@ -125,6 +125,8 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
         for batch in batches:
             if should_stop is not None and should_stop():
                 raise Cancelled()
+            b = state["builder"]  # this loop keeps b in step with state["builder"]
+            add = b.add if b is not None else None
             for key, seq, kind, value in batch:
                 if drop_tombstones and kind == KIND_DELETE:
                     continue
@@ -134,22 +136,23 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
                             overlapped += gp[gi].size
                         gi += 1
                     seen_key = True
-                b = state["builder"]
-                if b is not None and gp_limit is not None and overlapped > gp_limit:
-                    finish_current()
-                    overlapped = 0
-                    b = None
+                    if b is not None and gp_limit is not None and overlapped > gp_limit:
+                        finish_current()
+                        overlapped = 0
+                        b = None
                 if b is None:
                     open_next()
                     b = state["builder"]
-                b.add(key, seq, kind, value)
-                since_check += 1
-                since_bytes += len(key) + len(value)
-                if target_file_size is not None and (since_check >= SIZE_CHECK_EVERY
-                                                     or since_bytes >= check_bytes):
-                    since_check = since_bytes = 0
-                    if b.estimated_file_size() >= target_file_size:
-                        finish_current()
+                    add = b.add
+                add(key, seq, kind, value)
+                if target_file_size is not None:
+                    since_check += 1
+                    since_bytes += len(key) + len(value)
+                    if since_check >= SIZE_CHECK_EVERY or since_bytes >= check_bytes:
+                        since_check = since_bytes = 0
+                        if b.estimated_file_size() >= target_file_size:
+                            finish_current()
+                            b = None
         if state["builder"] is not None:
             finish_current()
         if outputs:

@@ -65,28 +65,49 @@ class BlockBuilder:
             n += BLOCK_HASH_SLOTS_PER_ENTRY * self.num_entries + 2
         return n
 
-    def add(self, key: bytes, value) -> None:
-        """Append an entry. REQUIRES: ``key`` > the previous key; :meth:`finish` not called."""
-        shared = 0
-        if self._counter < self._interval:
-            last = self._last_key
-            n = min(len(last), len(key))
-            while shared < n and last[shared] == key[shared]:
-                shared += 1
-        else:
-            self._restarts.append(len(self._buf))
-            self._counter = 0
+    def add(self, key: bytes, value) -> int:
+        """Append an entry; return :meth:`current_size_estimate` after it (the table builder
+        checks it after every entry: one call instead of two). REQUIRES: ``key`` > the previous
+        key; :meth:`finish` not called."""
         buf = self._buf
-        put_varint(buf, shared)
-        put_varint(buf, len(key) - shared)
-        put_varint(buf, len(value))
-        buf += key[shared:]
+        nk = len(key)
+        nv = len(value)
+        shared = 0
+        if self._interval == 1:
+            # Every entry is a restart point (shared 0): the format's default, the fast path.
+            if self.num_entries:
+                self._restarts.append(len(buf))
+            if nk < 0x80 and nv < 0x80:  # one-byte varints, the usual case
+                buf.append(0)
+                buf.append(nk)
+                buf.append(nv)
+            else:
+                buf.append(0)
+                put_varint(buf, nk)
+                put_varint(buf, nv)
+        else:
+            if self._counter < self._interval:
+                last = self._last_key
+                n = min(nk, len(last))
+                while shared < n and last[shared] == key[shared]:
+                    shared += 1
+            else:
+                self._restarts.append(len(buf))
+                self._counter = 0
+            put_varint(buf, shared)
+            put_varint(buf, nk - shared)
+            put_varint(buf, nv)
+            self._counter += 1
+        buf += key[shared:] if shared else key
         buf += value
         self._last_key = key
-        self._counter += 1
-        self.num_entries += 1
+        self.num_entries = n = self.num_entries + 1
+        size = len(buf) + 4 * len(self._restarts) + 4
         if self._hash:
             self._keys.append(key)
+            if n <= BLOCK_HASH_MAX_ENTRIES:
+                size += BLOCK_HASH_SLOTS_PER_ENTRY * n + 2
+        return size
 
     def finish(self) -> bytes:
         """Return the block contents: entries, restart offsets (u32 each), then the restart

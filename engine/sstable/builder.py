@@ -52,6 +52,7 @@ class TableBuilder:
         self._file = wfile
         self._offset = 0
         self._block = BlockBuilder(options.restart_interval, options.data_block_hash_index)
+        self._block_size = options.block_size
         self._index = BlockBuilder(1)
         policy = _policy(options)
         self._filter = (PartitionedFilterBuilder(policy, options.partition_pages_bytes,
@@ -74,8 +75,10 @@ class TableBuilder:
         (KIND_DELETE, KIND_VALUE), ``0 <= seq < 2**56``; else InvalidArgumentError."""
         if self._done:
             raise InvalidArgumentError("table builder already finished or abandoned")
-        key = bytes(key)
-        value = bytes(value)
+        if type(key) is not bytes:
+            key = bytes(key)
+        if type(value) is not bytes:
+            value = bytes(value)
         last = self._last_key
         if last is not None and key <= last:
             raise InvalidArgumentError(f"key {key[:32]!r} is not greater than {last[:32]!r}")
@@ -87,7 +90,7 @@ class TableBuilder:
             self._end_block(shortest_separator(last, key))
         if self._filter is not None:
             self._filter.add_key(key)
-        self._block.add(key, _pack_tag(seq << 8 | kind) + value)
+        size = self._block.add(key, _pack_tag(seq << 8 | kind) + value)
         self._last_key = key
         self.num_entries += 1
         p = self._props
@@ -101,7 +104,7 @@ class TableBuilder:
             p.smallest_seq = seq
         if seq > p.largest_seq:
             p.largest_seq = seq
-        if self._block.current_size_estimate() >= self._options.block_size:
+        if size >= self._block_size:
             self._flush()
 
     def _flush(self) -> None:
