@@ -310,12 +310,10 @@ class Table:
                     # Damaged (raises the CorruptionError naming it) or compressed (checked
                     # and decompressed: kept in the block cache, and marked so later gets
                     # look there first).
-                    data = self._read_contents(i)
+                    # A block cache miss, counted as one (or a hit, if a scan cached it).
+                    data = self._cached_contents(i)
                     if stored is not None and m[end] != BLOCK_TYPE_DATA:
                         self._in_place[i] = 2
-                        cache = self._scan_cache
-                        if cache is not None:
-                            cache.insert(self._cache_keys[i], data, len(data))
                     r = find_whole(data, key, self.path, off)
                 else:
                     self.data_block_file_reads += 1
