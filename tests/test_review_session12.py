@@ -99,13 +99,13 @@ def test_cluster_totals_recompute_the_compression_ratio_from_summed_bytes(two_sh
 # Strict xfails
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/sstable/reader.py Table.get, mapped path: the first get of a compressed block in "
-    "an open table decompresses it (_read_contents) and inserts it into the block cache "
-    "without a cache.get(), so that miss is never counted (block_cache misses stay 0 while "
-    "the cache fills); `sievekv stats` CACHE HITS shows 100% after one miss and one hit, and "
-    "bench/compression.py's hit ratios (docs/benchmarks.md D8: 74%, 19%) leave out the first "
-    "read of every block after the reopen"))
+# Fixed in session 12; was a strict xfail: (
+#   "engine/sstable/reader.py Table.get, mapped path: the first get of a compressed block in "
+#   "an open table decompresses it (_read_contents) and inserts it into the block cache "
+#   "without a cache.get(), so that miss is never counted (block_cache misses stay 0 while "
+#   "the cache fills); `sievekv stats` CACHE HITS shows 100% after one miss and one hit, and "
+#   "bench/compression.py's hit ratios (docs/benchmarks.md D8: 74%, 19%) leave out the first "
+#   "read of every block after the reopen"))
 def test_a_mapped_get_that_decompresses_a_block_counts_a_cache_miss(tmp_path):
     with DB.open(str(tmp_path / "db"), table_workers=0) as db:  # lz4, mmap_reads: defaults
         db.write([(b"k%05d" % i, _value(i)) for i in range(300)])
