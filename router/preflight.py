@@ -7,6 +7,10 @@
   restarted shard comes back where the router expects it.
 * :func:`check_layout` refuses a config whose shard slot ranges differ from those the data
   directory was created with: keys would be looked up on the wrong shard.
+* :func:`check_data_dir` refuses a data directory that is a shard's engine directory (it
+  holds CURRENT, LOCK, MANIFEST-*, tables or logs) or lies directly inside another cluster's
+  data directory: ``--data-dir DATA/shard-0`` is a likely slip, and a cluster started there
+  would write its own files and shards among that engine's.
 * :func:`check_no_restore` refuses a data directory that holds an interrupted ``cluster
   restore`` or ``cluster reshard`` (router/restore_journal.py): it may hold some shards
   restored (resharded) and others not.
@@ -95,6 +99,32 @@ def check_ports(cfg: ClusterConfig) -> None:
         who, h, p = busy[0]
         more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
         raise PreflightError(f"port {p} on {h} ({who}) is already in use{more}", "conflict")
+
+
+def check_data_dir(data_dir: str) -> None:
+    """Raise PreflightError ("config") if ``data_dir`` holds a storage engine's files or its
+    parent holds a cluster's state or layout file (see the module doc). Creates nothing."""
+    from engine.filenames import FileKind, parse_file_name  # lazy: the CLI's parser skips it
+
+    d = os.path.normpath(data_dir)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:  # absent (created later) or unreadable (the start names the error)
+        names = []
+    engine = [n for n in names if (parse_file_name(n) or (None,))[0] in (
+        FileKind.CURRENT, FileKind.LOCK, FileKind.MANIFEST, FileKind.TABLE, FileKind.LOG)]
+    if engine:
+        raise PreflightError(
+            f"data directory {d} holds a storage engine's files ({', '.join(engine[:3])}"
+            f"{', ...' if len(engine) > 3 else ''}): it is one shard's directory, not a "
+            f"cluster's; give the directory that holds the shard-N directories (such as "
+            f"{os.path.dirname(d)}) as the data directory", "config")
+    parent = os.path.dirname(d)
+    marks = [n for n in (cs.STATE_FILE, cs.LAYOUT_FILE) if os.path.exists(os.path.join(parent, n))]
+    if marks:
+        raise PreflightError(
+            f"data directory {d} is inside the data directory of another cluster ({parent} "
+            f"holds {marks[0]}); give {parent} itself, or a directory outside it", "config")
 
 
 def check_no_restore(cfg: ClusterConfig) -> None:

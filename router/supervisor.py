@@ -294,6 +294,10 @@ class Supervisor:
 
     def _take_lock(self) -> None:
         d = self.cfg.data_dir
+        try:  # `cluster start` checked this too, before it made the directory
+            preflight.check_data_dir(d)
+        except preflight.PreflightError as exc:
+            raise StartFailure(str(exc), exc.kind) from None
         try:
             os.makedirs(os.path.join(d, cs.LOG_DIR), exist_ok=True)
         except OSError as exc:

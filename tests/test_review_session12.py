@@ -220,12 +220,11 @@ def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, re
     assert cs.recorded_pids(after) == cs.recorded_pids(before)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/lifecycle.py cmd_start and the supervisor's preflight accept any directory: "
-    "`sievekv cluster start --data-dir DATA/shard-0` (a shard's engine directory, a likely "
-    "slip) starts a second cluster inside it, writing cluster.lock, cluster-state.json, logs/ "
-    "and a nested shard-0/ among the engine's own files, exit 0; it should refuse (exit 2) a "
-    "directory that holds an engine (CURRENT, MANIFEST-*) and create nothing"))
+# Fixed in session 12; was a strict xfail: router/cli/lifecycle.py cmd_start and the supervisor's
+# preflight accept any directory: `sievekv cluster start --data-dir DATA/shard-0` (a shard's engine
+# directory, a likely slip) starts a second cluster inside it, writing cluster.lock,
+# cluster-state.json, logs/ and a nested shard-0/ among the engine's own files, exit 0; it should
+# refuse (exit 2) a directory that holds an engine (CURRENT, MANIFEST-*) and create nothing
 def test_cluster_start_refuses_a_shard_engine_directory(tmp_path, request):
     from .test_cli_e2e import kill_recorded, sievekv
 
@@ -237,13 +236,27 @@ def test_cluster_start_refuses_a_shard_engine_directory(tmp_path, request):
     conf.write_text('[router]\nlisten = "127.0.0.1:0"\n[shards]\ncount = 1\nbase_port = 0\n'
                     '[engine]\ntable_workers = 0\n')
 
+    data, inside = tmp_path / "data", tmp_path / "data" / "shard-1"
+
     def finish():
-        sievekv("cluster", "stop", "--config", str(conf), "--data-dir", str(engine_dir),
-                "--timeout", "5")
-        kill_recorded(str(engine_dir))
+        for d in (engine_dir, inside):
+            sievekv("cluster", "stop", "--config", str(conf), "--data-dir", str(d),
+                    "--timeout", "5")
+            kill_recorded(str(d))
 
     request.addfinalizer(finish)
     r = sievekv("cluster", "start", "-q", "--config", str(conf), "--data-dir", str(engine_dir))
     assert r.returncode == USAGE, (r.returncode, r.stderr)
     assert r.stderr.count("\n") == 1 and str(engine_dir) in r.stderr, r.stderr
+    assert "CURRENT" in r.stderr and f"such as {data})" in r.stderr, r.stderr
     assert sorted(os.listdir(engine_dir)) == before
+    # A directory not made yet inside a cluster's data directory (its recorded slot layout, as
+    # a first start leaves it) is refused too, and not made.
+    from router import preflight
+    from router.config import load
+
+    preflight.check_layout(load(str(conf), data_dir=str(data)))
+    r = sievekv("cluster", "start", "-q", "--config", str(conf), "--data-dir", str(inside))
+    assert r.returncode == USAGE, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "inside the data directory" in r.stderr, r.stderr
+    assert not inside.exists()

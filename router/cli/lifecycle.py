@@ -46,6 +46,10 @@ def _say(args, msg: str) -> None:
 def cmd_start(args) -> int:
     cfg = target.load_config(args)
     t0 = time.monotonic()
+    try:  # before anything is created in it
+        preflight.check_data_dir(cfg.data_dir)
+    except preflight.PreflightError as exc:
+        raise CliError(f"{exc}; nothing was started", USAGE) from None
     _check_not_running(cfg)
     where = cfg.router.address if cfg.router.port else f"{cfg.router.host}:(a free port)"
     _say(args, f"starting sievekv: {len(cfg.shards)} shards, router on {where}, "
