@@ -154,17 +154,17 @@ def test_tombstone_compaction_ratio_off_is_accepted_as_none(tmp_path, capsys):
     assert json.loads(out)["engine"]["tombstone_compaction_ratio"] is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/checkpoint_cmd.py makes DIR absolute without refusing an empty one: "
-    "`sievekv checkpoint \"$DIR\"` with DIR unset checkpoints every shard into the current "
-    "directory (seen: ./shard-0 written, exit 0); an empty DIR should be a usage error (exit "
-    "2) before any call, as an empty --tls-* option is"))
+# Fixed in session 12; was a strict xfail: router/cli/checkpoint_cmd.py makes DIR absolute without
+# refusing an empty one: `sievekv checkpoint "$DIR"` with DIR unset checkpoints every shard into
+# the current directory (seen: ./shard-0 written, exit 0); an empty DIR should be a usage error
+# (exit 2) before any call, as an empty --tls-* option is
 def test_an_empty_checkpoint_dir_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    # Nothing listens on port 1: today the command gets that far (exit 3, unreachable).
+    # Nothing listens on port 1: a command that got as far as a call would exit 3 (unreachable).
     code, out, err = run(capsys, ["checkpoint", "", "--router", "127.0.0.1:1", "--timeout", "5"])
     assert code == USAGE, err
-    assert err.count("\n") == 1 and "DIR" in err, err
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith("sievekv: error: checkpoint: DIR is an empty path"), err
     assert os.listdir(tmp_path) == []
 
 

@@ -3,7 +3,8 @@
 Each shard flushes, then writes ``DIR/<shard name>`` on its own host: its live tables
 hard-linked (copied where DIR is on another file system) beside a manifest describing them,
 a directory that opens as that shard's data directory as it is (docs/cli.md, "checkpoint").
-DIR is made absolute here; it is a path on the shards' hosts. Exit codes: 0 every shard wrote
+DIR is made absolute here (an empty one is refused: 2, USAGE); it is a path on the shards'
+hosts. Exit codes: 0 every shard wrote
 its checkpoint; 6 (CONFLICT) a shard's directory exists already or another checkpoint is
 writing it (nothing was overwritten); 2 (USAGE) no shard can use DIR (a file in the way, no permission, read-only); 4 (PARTIAL) some
 shard failed otherwise; 3 when --timeout
@@ -33,6 +34,9 @@ def progress_line(shards: dict) -> str:
 
 
 def cmd_checkpoint(args) -> int:
+    if not args.dir:  # `"$DIR"` unset: abspath would make it the current directory
+        raise CliError("checkpoint: DIR is an empty path; give the directory to write the "
+                       "checkpoint to", USAGE)
     base = os.path.abspath(args.dir)
     sections = long_admin_call(args, "Checkpoint", progress_line, "checkpointing",
                                "the shards finish their checkpoints",
