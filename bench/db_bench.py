@@ -66,6 +66,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench_deps import require  # noqa: E402  (bench/ is sys.path[0] when run as a script)
+
 MiB = 1 << 20
 VALUE_SIZE = 100
 BITS = 10
@@ -540,6 +542,9 @@ def main() -> None:
     ap.add_argument("--fill-child", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--read-child", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    wanted = args.engines.split(",")
+    require([m for e, m in (("rocksdb", "rocksdict"), ("leveldb", "plyvel")) if e in wanted],
+            "db_bench")
     MEMTABLE = args.memtable_mib * MiB
     ROCKSDB_MMAP = not args.rocksdb_pread
     if args.reads is None:

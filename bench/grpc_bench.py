@@ -43,6 +43,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
+from bench_deps import require  # noqa: E402
+
 VALUE_BYTES = 100
 MULTIGET_KEYS = 100
 
@@ -257,6 +259,7 @@ def main() -> int:
     p.add_argument("--keys", type=int, default=50000, help="keys preloaded into sievekv and RocksDB")
     p.add_argument("--clients", type=int, default=4, help="client processes for the router-count runs")
     args = p.parse_args()
+    require(["rocksdict"], "grpc_bench")  # RocksDB behind the same hops (bench/rocks_shard.py)
 
     t_start = time.monotonic()
     clients = Clients(max(args.clients, 1))  # spawned first: no gRPC object exists yet
