@@ -412,7 +412,7 @@ _SIZE_OPTIONS = {"memtable_bytes", "max_bytes_for_level_base", "target_file_size
                  "block_cache_bytes", "filter_memory_budget", "filter_memory_cap",
                  "partition_bytes"}
 _OFF_OPTIONS = {"filter_policy", "bits_per_key_per_level", "filter_memory_budget",
-                "filter_memory_cap"}
+                "filter_memory_cap", "tombstone_compaction_ratio"}
 # Options of engine.options.Options that the config does not expose: the file system is the
 # shard's business, a cluster always creates its shards, keys are limited to 64 KiB by the
 # protocol, and the value limit lives in [limits].

@@ -141,17 +141,30 @@ def test_stats_with_two_shards_down_prints_one_error_line(procs, tmp_path, capsy
     assert "; s2: " in err, err  # each failed shard named with its own error
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/config.py _OFF_OPTIONS lacks tombstone_compaction_ratio: `tombstone_compaction_"
-    "ratio = \"off\"` is refused with 'must be None or a number from 0 to 1' (None cannot be "
-    "written in TOML), though docs/cli.md 'Configuration' says \"off\" stands for the "
-    "engine's None in [engine] and the engine accepts None for this option"))
+# Fixed in session 12; was a strict xfail: router/config.py _OFF_OPTIONS lacks
+# tombstone_compaction_ratio: `tombstone_compaction_ratio = "off"` is refused with 'must be None or
+# a number from 0 to 1' (None cannot be written in TOML), though docs/cli.md 'Configuration' says
+# "off" stands for the engine's None in [engine] and the engine accepts None for this option
 def test_tombstone_compaction_ratio_off_is_accepted_as_none(tmp_path, capsys):
     conf = tmp_path / "c.toml"
     conf.write_text('[engine]\ntombstone_compaction_ratio = "off"\n')
     code, out, err = run(capsys, ["config", "check", "--config", str(conf)])
     assert code == 0, err
     assert json.loads(out)["engine"]["tombstone_compaction_ratio"] is None
+    code, out, err = run(capsys, ["config", "show", "--config", str(conf)])  # and back
+    assert code == 0 and 'tombstone_compaction_ratio = "off"\n' in out, err
+    shown = tmp_path / "shown.toml"
+    shown.write_text(out)
+    code, out, err = run(capsys, ["config", "check", "--config", str(shown)])
+    assert code == 0 and json.loads(out)["engine"]["tombstone_compaction_ratio"] is None, err
+    # tombstone_compaction_delay has no None: 0 is "no wait" (as its docs say), "off" a mistake.
+    conf.write_text('[engine]\ntombstone_compaction_delay = 0\n')
+    code, out, err = run(capsys, ["config", "check", "--config", str(conf)])
+    assert code == 0 and json.loads(out)["engine"]["tombstone_compaction_delay"] == 0.0, err
+    conf.write_text('[engine]\ntombstone_compaction_delay = "off"\n')
+    code, out, err = run(capsys, ["config", "check", "--config", str(conf)])
+    assert code == USAGE and err.count("\n") == 1, err
+    assert "tombstone_compaction_delay" in err and "'off'" in err, err
 
 
 # Fixed in session 12; was a strict xfail: router/cli/checkpoint_cmd.py makes DIR absolute without
