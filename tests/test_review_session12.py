@@ -181,19 +181,29 @@ def test_an_empty_checkpoint_dir_is_a_usage_error(tmp_path, monkeypatch, capsys)
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "router/cli/app.py parses `put KEY [VALUE]` with argparse.parse_args: once an option "
-    "follows KEY, argparse has already matched the optional VALUE as absent, so `sievekv put "
-    "KEY --sync -- -x` (or `-e hex -- -0a`) fails with 'unrecognized arguments: -- -x'; "
-    "docs/cli.md gives `sievekv put KEY -- -x` for a value starting with '-' and `put KEY "
-    "VALUE [--sync]`, and only the form with nothing between KEY and -- works "
-    "(parse_intermixed_args would take both)"))
-def test_put_with_an_option_before_a_dash_value_parses(capsys):
+# Fixed in session 12; was a strict xfail: router/cli/app.py parses `put KEY [VALUE]` with
+# argparse.parse_args: once an option follows KEY, argparse has already matched the optional VALUE
+# as absent, so `sievekv put KEY --sync -- -x` (or `-e hex -- -0a`) fails with 'unrecognized
+# arguments: -- -x'; docs/cli.md gives `sievekv put KEY -- -x` for a value starting with '-' and
+# `put KEY VALUE [--sync]`, and only the form with nothing between KEY and -- works
+# (parse_intermixed_args would take both)
+def test_put_with_an_option_before_a_dash_value_parses(two_shards, capsys):
     # Nothing listens on port 1: once parsed, the put is refused as unreachable (exit 3).
     code, out, err = run(capsys, ["--router", "127.0.0.1:1", "--timeout", "5",
                                   "put", "k", "--sync", "--", "-x"])
     assert "unrecognized arguments" not in err, err
     assert code == UNREACHABLE, err
+    # Through a real router, each form stores its value (and only the value) under its key.
+    router = ["--router", two_shards["router"].address, "--timeout", "20"]
+    forms = {"dash-sync": ["--sync", "--", "-x"], "dash-enc": ["-e", "text", "--", "-z"],
+             "late-value": ["--sync", "plain"], "dash-plain": ["--", "-y"]}
+    for key, rest in forms.items():
+        code, out, err = run(capsys, router + ["put", key] + rest)
+        assert (code, out, err) == (0, "OK\n", ""), (key, code, err)
+    with Client(two_shards["router"].address) as c:
+        got = {key: c.get(key.encode()) for key in forms}
+    assert got == {"dash-sync": b"-x", "dash-enc": b"-z", "late-value": b"plain",
+                   "dash-plain": b"-y"}, got
 
 
 # Fixed in session 12; was a strict xfail: router/cli/lifecycle.py _restart_cluster stops the

@@ -9,6 +9,7 @@ code (router/cli/exit_codes.py, docs/cli.md); set ``SIEVEKV_DEBUG=1`` to see tra
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
@@ -54,14 +55,41 @@ values:
                                      stripped, whatever --encoding says about KEY)
   sievekv put KEY --value-file FILE  the value is FILE's raw bytes
   printf %s - | sievekv put KEY -    stores the one-character value "-"
-  sievekv put KEY -- -x              a VALUE starting with "-" goes after --
+  sievekv put KEY -- -x              a VALUE starting with "-" goes after -- (options
+                                     such as --sync before the --)
 A value over the cluster's value limit exits 2 with the server's INVALID_ARGUMENT line.
 
 """
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2 (USAGE)."""
+    """argparse, but a usage error is one line and exit code 2 (USAGE).
+
+    ``late_positional`` (``put``'s "value"): the dest of an optional positional that follows
+    a required one. parse_args matches it as absent as soon as an option comes between them
+    (``put KEY --sync -- -x``, ``put KEY -e hex VALUE``) and then refuses what follows as
+    unrecognized; when that happens, the arguments are parsed again as
+    parse_intermixed_args does (options first, then the positionals), and that answer is
+    taken if it found the value. Every command line parse_args accepts parses as before."""
+
+    late_positional: str | None = None
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.late_positional is None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        args = list(sys.argv[1:] if args is None else args)
+        plain = super().parse_known_args(args, copy.copy(namespace))
+        if not plain[1] or getattr(plain[0], self.late_positional, None) is not None:
+            return plain
+        self._intermixing = True  # parse_known_intermixed_args calls parse_known_args
+        try:
+            mixed = self.parse_known_intermixed_args(args, copy.copy(namespace))
+        except CliError:
+            return plain  # its error is the one to report
+        finally:
+            self._intermixing = False
+        return mixed if getattr(mixed[0], self.late_positional, None) is not None else plain
 
     def error(self, message):
         raise CliError(f"{message} (see `{self.prog} --help`)", USAGE)
@@ -221,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "put", data_cmds.cmd_put,
                 "store VALUE under KEY; VALUE - reads the value from standard input",
                 router=True, epilog=PUT_EPILOG + exit_codes.epilog())
+    p.late_positional = "value"  # `put KEY --sync -- -x`
     p.add_argument("key")
     p.add_argument("value", nargs="?",
                    help="the value (in --encoding); -: read standard input, raw bytes")
