@@ -96,14 +96,14 @@ def _compressed_table(path) -> list:
     return entries
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Table.get (mapped, restart interval 1), first read of a compressed block: after "
-    "_cached_contents() it reads the type byte again as m[end] on the mapping, outside the "
-    "try that turns a closed mapping into ClosedError (7bcfe4b replaced the copied trailer t "
-    "with m[end]); a close() that runs while the block is read and decompressed makes the get "
-    "raise ValueError('mmap closed or invalid'), though the module docstring promises that a "
-    "get racing close on a mapped table gets ClosedError (a DB close during gets: gRPC "
-    "INTERNAL instead of UNAVAILABLE)"))
+# Fixed in session 12; was a strict xfail: (
+#   "Table.get (mapped, restart interval 1), first read of a compressed block: after "
+#   "_cached_contents() it reads the type byte again as m[end] on the mapping, outside the "
+#   "try that turns a closed mapping into ClosedError (7bcfe4b replaced the copied trailer t "
+#   "with m[end]); a close() that runs while the block is read and decompressed makes the get "
+#   "raise ValueError('mmap closed or invalid'), though the module docstring promises that a "
+#   "get racing close on a mapped table gets ClosedError (a DB close during gets: gRPC "
+#   "INTERNAL instead of UNAVAILABLE)"))
 def test_a_close_racing_the_first_get_of_a_compressed_block_raises_closed_error(tmp_path):
     path = str(tmp_path / "000007.sst")
     entries = _compressed_table(path)

@@ -310,9 +310,13 @@ class Table:
                     # Damaged (raises the CorruptionError naming it) or compressed (checked
                     # and decompressed: kept in the block cache, and marked so later gets
                     # look there first).
+                    # The type byte is read from the slice, not the mapping again: close()
+                    # may have run since (a get then raises ClosedError, never ValueError).
+                    compressed = (stored is not None and n == end - off
+                                  and data[-1] != BLOCK_TYPE_DATA)
                     # A block cache miss, counted as one (or a hit, if a scan cached it).
                     data = self._cached_contents(i)
-                    if stored is not None and m[end] != BLOCK_TYPE_DATA:
+                    if compressed:
                         self._in_place[i] = 2
                     r = find_whole(data, key, self.path, off)
                 else:
