@@ -20,7 +20,12 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   (logger ``engine.background``). At close the DB's jobs are cancelled (killed) and their
   half-written tables removed.
 - A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
-  writes are refused with the error, reads go on, reopening recovers.
+  writes are refused with the error, reads go on, reopening recovers. So does any other
+  exception that escapes a thread's loop (a bug): it becomes the DB's error as
+  ``BackgroundThreadError`` naming the thread and is logged with its traceback, so a DB never
+  goes on silently without flushes or compactions.
+- Timed waits last at most MAX_WAIT_S each; a later wake-up (a ``tombstone_compaction_delay``
+  of years, meant as "never") is waited for in steps, never past ``threading.TIMEOUT_MAX``.
 
 Full disk (RocksDB's auto-recovery from NoSpace): a job that fails with ENOSPC or EDQUOT while
 the manifest is intact lost nothing (its partial tables are removed; the memtable and its log,
@@ -92,6 +97,10 @@ RETRY_MAX_S = 30.0
 """Full disk: the longest wait between tries."""
 RETRY_WAIT_S = 5.0
 """Full disk: how long a refused write waits for the try it asked for."""
+MAX_WAIT_S = 3600.0
+"""The longest single timed wait of a background thread: a wake-up further away is waited for
+in steps (``Condition.wait`` raises OverflowError past ``threading.TIMEOUT_MAX``, ~292 years,
+and a waiting thread that sleeps that long serves nobody anyway)."""
 RETRY_MIN_GAP_S = 1.0
 """Full disk: tries asked for by writes come at most this often (a try rebuilds the whole
 memtable's table, so a client writing through an outage must not drive one per write)."""
@@ -99,6 +108,23 @@ memtable's table, so a client writing through an outage must not drive one per w
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 log = logging.getLogger(__name__)
+
+
+class BackgroundThreadError(SieveError):
+    """An unexpected exception (not an I/O error or corruption: a bug) ended a background
+    thread; the DB's failed state carries it (module docstring). ``__cause__`` is the
+    exception."""
+
+
+def _unexpected(exc: BaseException, thread: str) -> BaseException:
+    """``exc`` as the DB's error: engine errors and OS errors as they are, anything else
+    wrapped so that the refusal names the thread and the exception's type."""
+    if isinstance(exc, (SieveError, OSError)):
+        return exc
+    err = BackgroundThreadError(
+        f"the {thread} thread failed unexpectedly: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
 
 
 class Background:
@@ -112,6 +138,32 @@ class Background:
                 and not self._manifest.failed)
 
     def _flush_loop(self) -> None:
+        self._guarded("flush", self._flush_work)
+
+    def _compaction_loop(self) -> None:
+        self._guarded("compaction", self._compaction_work)
+
+    def _guarded(self, thread: str, loop) -> None:
+        """Run a background thread's ``loop``: whatever escapes it (a bug: expected failures
+        are handled inside) puts the DB in its failed state instead of ending the thread
+        silently, so writes and stats() say why no flush or compaction runs any more."""
+        try:
+            loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
+            with self._mu:
+                if self._set_bg_error(self._as_bg_error(exc, thread)):
+                    self.counters.background_errors += 1
+                self._bg_cv.notify_all()
+
+    def _as_bg_error(self, exc: BaseException, thread: str) -> BaseException:
+        """``exc`` as the DB's error (``_unexpected``); an unexpected one is logged with its
+        traceback (logger ``engine.background``)."""
+        err = _unexpected(exc, thread)
+        if err is not exc:
+            log.error("%s: %s", self.path, err, exc_info=exc)
+        return err
+
+    def _flush_work(self) -> None:
         delay = RETRY_FIRST_S
         last_try = 0.0
         while True:
@@ -150,7 +202,7 @@ class Background:
                         delay = min(delay * 2, RETRY_MAX_S)  # still full: back off further
                     else:
                         delay = RETRY_FIRST_S
-                    if self._set_bg_error(exc, recoverable=full):
+                    if self._set_bg_error(self._as_bg_error(exc, "flush"), recoverable=full):
                         self.counters.background_errors += 1
                     self._bg_cv.notify_all()
                     if full:
@@ -276,11 +328,12 @@ class Background:
     # ------------------------------------------------------------------------------------
     # compaction
     # ------------------------------------------------------------------------------------
-    def _compaction_loop(self) -> None:
+    def _compaction_work(self) -> None:
         """Pick and run compactions until close. With nothing due it waits on ``_bg_cv`` for
         a flush, an install or close, and no longer than until the next tombstone compaction
         held back by ``tombstone_compaction_delay`` becomes due (picker.tombstone_wake_at): a
-        timed wait, no polling, and close() does not wait for it."""
+        timed wait (at most MAX_WAIT_S, then it looks again), no polling, and close() does not
+        wait for it."""
         opts = self.options
         delay = RETRY_FIRST_S
         while True:
@@ -297,7 +350,8 @@ class Background:
                         # A tombstone compaction held back by tombstone_compaction_delay:
                         # wake up when it is due, even if no write ever comes again.
                         wake = tombstone_wake_at(self._version, opts, now, self._births)
-                    self._bg_cv.wait(None if wake is None else max(0.0, wake - now))
+                    self._bg_cv.wait(None if wake is None
+                                     else min(MAX_WAIT_S, max(0.0, wake - now)))
             try:
                 with self._compaction_lock:
                     task = pick(self._version, opts, time.monotonic(), self._births)
@@ -320,7 +374,8 @@ class Background:
                         while not self._closing and time.monotonic() < end:
                             self._bg_cv.wait(end - time.monotonic())
                         continue
-                    if not isinstance(exc, Cancelled) and self._set_bg_error(exc):
+                    if (not isinstance(exc, Cancelled)
+                            and self._set_bg_error(self._as_bg_error(exc, "compaction"))):
                         self.counters.background_errors += 1
                     self._bg_cv.notify_all()
                 return

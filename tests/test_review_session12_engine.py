@@ -18,8 +18,9 @@ import time
 import pytest
 
 from engine import DB
+from engine import background
 from engine.block_cache import BlockCache
-from engine.errors import ClosedError
+from engine.errors import ClosedError, StorageIOError
 from engine.format import KIND_VALUE
 from engine.sstable import Table, TableOptions
 from engine.table_workers import NoWorker, WorkerPool
@@ -53,13 +54,13 @@ def _compaction_thread(path) -> threading.Thread:
     return t
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "tombstone_compaction_delay accepts any finite value >= 0, but with a held-back tombstone "
-    "candidate the compaction thread waits _bg_cv.wait(wake - now) with wake = birth + delay: "
-    "past threading.TIMEOUT_MAX (~9.2e9 s, e.g. delay=1e10 meant as 'never') the wait raises "
-    "OverflowError outside the loop's try (engine/background.py _compaction_loop), the "
-    "compaction thread dies silently (no failed state), and no compaction ever runs again: "
-    "L0 grows past l0_compaction_trigger and writers end up stopped at l0_stop_trigger"))
+# Fixed in session 12; was a strict xfail: (
+#   "tombstone_compaction_delay accepts any finite value >= 0, but with a held-back tombstone "
+#   "candidate the compaction thread waits _bg_cv.wait(wake - now) with wake = birth + delay: "
+#   "past threading.TIMEOUT_MAX (~9.2e9 s, e.g. delay=1e10 meant as 'never') the wait raises "
+#   "OverflowError outside the loop's try (engine/background.py _compaction_loop), the "
+#   "compaction thread dies silently (no failed state), and no compaction ever runs again: "
+#   "L0 grows past l0_compaction_trigger and writers end up stopped at l0_stop_trigger"))
 def test_a_huge_tombstone_delay_does_not_kill_the_compaction_thread(tmp_path):
     path = str(tmp_path / "db")
     with DB.open(path, tombstone_compaction_delay=1e10, table_workers=0,
@@ -81,6 +82,72 @@ def test_a_huge_tombstone_delay_does_not_kill_the_compaction_thread(tmp_path):
         db.flush()  # L0 at the trigger: an l0-count compaction is due
         assert db.wait_for_compactions(timeout=15)
         assert db.stats()["levels"][0]["tables"] == 0
+
+
+def test_a_huge_tombstone_delay_waits_in_bounded_steps(tmp_path):
+    """The held-back candidate's wake-up lies 1e300 s ahead: the thread waits MAX_WAIT_S at a
+    time (a finite timeout within threading.TIMEOUT_MAX), and stats() still says when."""
+    path = str(tmp_path / "db")
+    with DB.open(path, tombstone_compaction_delay=1e300, table_workers=0) as db:
+        t = _compaction_thread(path)
+        for i in range(100):
+            db.put(b"k%04d" % i, b"v")
+        for i in range(60):
+            db.delete(b"k%04d" % i)
+        db.flush()
+        assert _wait_until(lambda: not t.is_alive() or len(db._bg_cv._waiters) >= 2)
+        assert t.is_alive() and db.stats()["failed"] is None
+        assert db.stats()["tombstone_compaction_due_in_s"] > 1e299
+        waits = [f for f in _frames(t) if f.f_code.co_name == "wait"]
+        timeout = waits[0].f_locals["timeout"]
+        assert timeout is not None and 0 < timeout <= background.MAX_WAIT_S
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("injected bug")
+
+
+def test_an_unexpected_error_outside_a_job_puts_the_db_in_its_failed_state(tmp_path,
+                                                                         monkeypatch):
+    """The compaction thread's pick before it waits (outside the job's try) raises: the DB
+    is failed, naming the thread and the exception, and writes say so; reads go on."""
+    path = str(tmp_path / "db")
+    with DB.open(path, table_workers=0) as db:
+        t = _compaction_thread(path)
+        db.put(b"a", b"1")
+        monkeypatch.setattr(background, "pick", _boom)
+        db.put(b"b", b"2")
+        try:  # its notify wakes the compaction thread: it picks again and dies
+            db.flush()
+        except StorageIOError:  # it died before the flush was seen done: the same state
+            pass
+        assert _wait_until(lambda: not t.is_alive())
+        failed = db.stats()["failed"]
+        assert failed == ("the compaction thread failed unexpectedly: RuntimeError: "
+                          "injected bug")
+        assert db.stats()["background_errors"] == 1
+        with pytest.raises(StorageIOError, match="compaction thread failed unexpectedly"):
+            db.put(b"c", b"3")
+        assert db.get(b"b") == b"2"
+        assert db.wait_for_compactions(timeout=WAIT_S) is False
+    monkeypatch.undo()
+    with DB.open(path, table_workers=0) as db:  # reopening recovers
+        assert db.get(b"a") == b"1" and db.get(b"b") == b"2"
+
+
+def test_an_unexpected_error_in_a_compaction_job_is_named_in_the_failed_state(tmp_path,
+                                                                            monkeypatch):
+    path = str(tmp_path / "db")
+    monkeypatch.setattr(background, "execute", _boom)
+    with DB.open(path, table_workers=0, l0_compaction_trigger=2) as db:
+        for n in range(2):
+            db.put(b"k%d" % n, b"v")
+            db.flush()  # the second flush brings L0 to the trigger
+        assert db.wait_for_compactions(timeout=WAIT_S) is False  # failed
+        assert db.stats()["failed"] == ("the compaction thread failed unexpectedly: "
+                                        "RuntimeError: injected bug")
+        with pytest.raises(StorageIOError, match="RuntimeError: injected bug"):
+            db.put(b"x", b"1")
 
 
 # ---------------------------------------------------------------------------------------------
