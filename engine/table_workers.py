@@ -30,7 +30,11 @@ Rules:
   (``proc.poll()``), before the job is sent.
 - A worker that cannot be started (fork or exec failing: no memory, no file descriptors)
   makes the jobs that wait for it raise :class:`NoWorker` (their DBs run them in their own
-  threads); the pool keeps its size and tries again once ``spawn_retry_s`` has passed.
+  threads); the pool keeps its size and tries again once ``spawn_retry_s`` has passed. A job
+  waiting when a start fails raises NoWorker at once if no other worker is busy or starting;
+  else it waits, at most until ``spawn_retry_s`` after the failure, for a worker to come free,
+  then starts one again, and raises NoWorker if that start fails too: it never waits for an
+  unrelated long job (a compaction of another DB) to end.
 - Errors come back as SieveError subclasses (re-created from the message, errno and path):
   engine exceptions do not survive pickling as-is.
 
@@ -207,6 +211,7 @@ class WorkerPool:
     def _acquire(self, owner) -> _Worker:
         """An idle, live worker, now busy with ``owner``'s job. Raises NoWorker if none can
         be started. REQUIRES: not holding ``_cv``."""
+        tolerated = None  # the failed start this job waited through (module docstring)
         with self._cv:
             while True:
                 if self._closed:
@@ -220,13 +225,20 @@ class WorkerPool:
                     w.owner = owner
                     self._busy.append(w)
                     return w
-                failing = (self._spawn_failed_at is not None
-                           and time.monotonic() - self._spawn_failed_at < self.spawn_retry_s)
-                if failing:
-                    if not self._busy and not self._starting:  # nothing to wait for
+                failed_at = self._spawn_failed_at
+                now = time.monotonic()
+                if failed_at is not None and now - failed_at < self.spawn_retry_s:
+                    # Nothing to wait for, or a second failure: the DB runs the job itself.
+                    if (not self._busy and not self._starting) or (
+                            tolerated is not None and failed_at != tolerated):
                         raise NoWorker("no table worker process could be started "
                                        f"({self._spawn_error})")
-                elif len(self._busy) + self._starting < self.size:
+                    # A busy worker may come free first; else start again at the deadline
+                    # (no one notifies then: a timed wait).
+                    tolerated = failed_at
+                    self._cv.wait(failed_at + self.spawn_retry_s - now)
+                    continue
+                if len(self._busy) + self._starting < self.size:
                     self._starting += 1
                     self._requests.append(1)
                     if self._spawner is None:
