@@ -17,8 +17,12 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   *fallback*: slower, never wrong): its worker died (``worker_lost``), none could be started
   (``no_worker``), or it used every file number reserved for it (``numbers_exhausted``).
   Each fallback is counted by reason in ``stats()["table_workers"]`` and logged as one warning
-  (logger ``engine.background``). At close the DB's jobs are cancelled (killed) and their
-  half-written tables removed.
+  (logger ``engine.background``). At close the DB's jobs are cancelled and their
+  half-written tables removed: a job running in a worker is killed, and one still waiting for
+  a worker (every worker of the process-wide pool busy, with other DBs' jobs too) stops
+  waiting; either raises Cancelled in its thread, so close() never waits for another DB's
+  job. A cancelled flush loses nothing: its memtable stays in its log, replayed at the next
+  open.
 - A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
   writes are refused with the error, reads go on, reopening recovers. So does any other
   exception that escapes a thread's loop (a bug): it becomes the DB's error as
@@ -291,7 +295,7 @@ class Background:
         run it in this thread instead (module docstring: a fallback, counted and logged);
         raises Cancelled if the DB is closing, or the job's own error."""
         try:
-            result = self._pool.call(self, fn, *args)
+            result = self._pool.call(self, fn, *args, cancelled=self._is_closing)
             self.counters.worker_jobs += 1
             return result
         except WorkerLost as exc:
@@ -304,6 +308,10 @@ class Background:
         except NumbersExhausted as exc:
             self._fell_back(fn, "numbers_exhausted", exc)
             return None
+
+    def _is_closing(self) -> bool:
+        """For the pool (WorkerPool.call's ``cancelled``): read without a lock."""
+        return self._closing
 
     def _fell_back(self, fn, reason: str, exc: BaseException) -> None:
         self.counters.note_worker_fallback(reason)

@@ -227,7 +227,9 @@ class DB(Background):
             self._closing = True
             self._bg_cv.notify_all()
         if self._pool is not None:
-            self._pool.cancel(self)  # a job in a worker stops now; its files are removed below
+            # A job in a worker stops now (its files are removed below); one waiting for a
+            # worker sees _closing and stops waiting (engine/background.py: Cancelled).
+            self._pool.cancel(self)
         for t in self._threads:
             t.join()
         with self._compaction_lock:  # a manual compact() sees _closing and stops

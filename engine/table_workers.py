@@ -25,6 +25,11 @@ Rules:
   manifest, are removed at the next open. It kills them while holding the pool's lock and
   marks them, so a worker that finished its job just before the kill is never handed out
   again, dead, to the next job of another DB (that job used to fall back to its DB's thread).
+  It also wakes the owner's jobs still waiting for a worker (every one busy, e.g. with other
+  DBs' compactions): a job whose ``cancelled`` predicate (an argument of ``call``) is true
+  raises WorkerLost at once instead of waiting, so a closing DB never waits for another DB's
+  job. The predicate is read under the pool's lock and ``cancel`` takes that lock, so a job
+  that begins to wait after it was set sees it too.
 - A dead worker is replaced: one that died during a job when that job ends, one that died
   while idle (killed from outside, the OOM killer) when the next job finds it dead
   (``proc.poll()``), before the job is sent.
@@ -208,14 +213,17 @@ class WorkerPool:
                     self._idle.append(w)
                 self._cv.notify_all()
 
-    def _acquire(self, owner) -> _Worker:
+    def _acquire(self, owner, cancelled=None) -> _Worker:
         """An idle, live worker, now busy with ``owner``'s job. Raises NoWorker if none can
-        be started. REQUIRES: not holding ``_cv``."""
+        be started, WorkerLost once ``cancelled()`` is true (see ``call``). REQUIRES: not
+        holding ``_cv``."""
         tolerated = None  # the failed start this job waited through (module docstring)
         with self._cv:
             while True:
                 if self._closed:
                     raise NoWorker("the worker pool is closed")
+                if cancelled is not None and cancelled():
+                    raise WorkerLost("table worker job cancelled while it waited for a worker")
                 while self._idle:
                     w = self._idle.pop()
                     if w.proc.poll() is not None:  # died while idle: replace it below
@@ -265,13 +273,16 @@ class WorkerPool:
             return keep
 
     # -- jobs ------------------------------------------------------------------------------
-    def call(self, owner, fn, *args):
+    def call(self, owner, fn, *args, cancelled=None):
         """Run ``fn(*args)`` in a worker; return its result or raise its error.
 
         Raises WorkerLost if the worker dies (or is cancelled) before answering, NoWorker
-        (a WorkerLost) if no worker could be started.
+        (a WorkerLost) if no worker could be started. ``cancelled``: a callable without
+        arguments, cheap and taking no lock (it runs under the pool's), true once ``owner``
+        is going away: the job then raises WorkerLost instead of waiting for a worker; set
+        it before calling :meth:`cancel`, which wakes the waiting jobs (module docstring).
         """
-        w = self._acquire(owner)
+        w = self._acquire(owner, cancelled)
         reply = lost = None
         try:
             w.send_conn.send((fn, args))
@@ -302,7 +313,8 @@ class WorkerPool:
         raise SieveError(f"table worker failed: {name}: {message}\n{tb}")
 
     def cancel(self, owner) -> int:
-        """Kill the workers busy with ``owner``'s jobs; return how many.
+        """Kill the workers busy with ``owner``'s jobs; return how many. Also wake the jobs
+        waiting for a worker, so that those of ``owner`` see their ``cancelled`` predicate.
 
         Under the lock: a worker still busy with ``owner`` cannot be released (and handed to
         another owner) before it is killed, and being marked it never goes back to idle, even
@@ -313,6 +325,7 @@ class WorkerPool:
             for w in victims:
                 w.cancelled = True
                 w.proc.kill()
+            self._cv.notify_all()
         return len(victims)
 
     def close(self) -> None:

@@ -294,14 +294,14 @@ def test_a_job_whose_worker_fails_to_start_twice_gets_no_worker(tmp_path, monkey
 # ---------------------------------------------------------------------------------------------
 # 4. DB.close() waits for another DB's job in the shared pool (pre-existing)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "DB.close() cancels only the jobs already running in a worker (WorkerPool.cancel kills "
-    "the busy workers it owns); a flush or compaction of this DB still waiting in "
-    "WorkerPool._acquire for a worker of the process-wide pool is not cancelled, so close() "
-    "joins a thread blocked until some other DB's job (a long compaction) frees a worker, and "
-    "then runs that job to the end: close() of one DB takes as long as another DB's "
-    "compaction, though its memtable is safe in its log and engine/background.py says the "
-    "DB's jobs are cancelled at close"))
+# Fixed in session 12; was a strict xfail: (
+#   "DB.close() cancels only the jobs already running in a worker (WorkerPool.cancel kills "
+#   "the busy workers it owns); a flush or compaction of this DB still waiting in "
+#   "WorkerPool._acquire for a worker of the process-wide pool is not cancelled, so close() "
+#   "joins a thread blocked until some other DB's job (a long compaction) frees a worker, and "
+#   "then runs that job to the end: close() of one DB takes as long as another DB's "
+#   "compaction, though its memtable is safe in its log and engine/background.py says the "
+#   "DB's jobs are cancelled at close"))
 def test_close_does_not_wait_for_another_dbs_job_in_the_shared_pool(tmp_path):
     pool = WorkerPool(1)
     go = str(tmp_path / "go")
@@ -334,6 +334,9 @@ def test_close_does_not_wait_for_another_dbs_job_in_the_shared_pool(tmp_path):
         threads.append(closer)
         closer.join(10.0)
         assert not closer.is_alive(), "close() waits for another DB's job to free the worker"
+        assert other.is_alive() and len(pool._busy) == 1  # the other DB's job goes on
+        flusher.join(WAIT_S)
+        assert not flusher.is_alive()
     finally:
         open(go, "w").close()
         for th in threads:
