@@ -523,9 +523,12 @@ def test_option_validation_and_config_path():
     assert "tombstone_compaction_ratio=0.0" in argv
     assert not any(a.startswith("tombstone_compaction_ratio=")
                    for a in launch.shard_spec(c.loads(""), c.loads("").shards[0]).argv)
-    for bad in ("1.5", '"0.2"', "true", '"off"'):
+    for bad in ("1.5", '"0.2"', "true", '"no"'):
         with pytest.raises(c.ConfigError, match="tombstone_compaction_ratio"):
             c.loads(f"[engine]\ntombstone_compaction_ratio = {bad}\n")
+    # "off" is the config's word for the engine's None (commit 957298b)
+    assert c.loads('[engine]\ntombstone_compaction_ratio = "off"\n').engine[
+        "tombstone_compaction_ratio"] is None
 
 
 # ---------------------------------------------------------------------------------------------

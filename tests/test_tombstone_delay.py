@@ -201,7 +201,8 @@ def test_option_validation_and_config_path():
         with pytest.raises(InvalidArgumentError, match="tombstone_compaction_delay"):
             Options.from_kwargs(tombstone_compaction_delay=bad)
     for good in (0, 0.0, 0.2, 60, 86400.0):
-        assert Options.from_kwargs(tombstone_compaction_delay=good).tombstone_compaction_delay == good
+        opts = Options.from_kwargs(tombstone_compaction_delay=good)
+        assert opts.tombstone_compaction_delay == good
     assert Options.from_kwargs().tombstone_compaction_delay == 60.0
     from router import config as c, launch
 

@@ -41,13 +41,12 @@ Leveled compaction, as in LevelDB/RocksDB:
 
   Compensated sizes (RocksDB adds 2 x the average value size per tombstone in excess of
   the table's values to its size; Pebble estimates the bytes each tombstone shadows) are not
-  used: they exist so that tombstones reach the data they delete *under load*, but here the
-  tombstone pick runs whenever no level is over its target, which under a steady load is
-  after most flushes and compactions, and the benchmark (bench/delete_space.py) shows the
-  space coming back without them; they would also change the shape of the tree for every
-  workload with deletes, with an estimate (the average value size) we do not record. A
-  dense table whose task is diluted below the ratio by what lies below it waits for the
-  size-triggered compactions, as it did before this option.
+  used: they exist so that tombstones reach the data they delete *under load*, while this
+  rule gives the space back once the tables are quiet (below), and the benchmark
+  (bench/delete_space.py) shows it coming back without them; they would also change the
+  shape of the tree for every workload with deletes, with an estimate (the average value
+  size) we do not record. A dense table whose task is diluted below the ratio by what lies
+  below it waits for the size-triggered compactions, as it did before this option.
 
   Idle time (``tombstone_compaction_delay``, seconds; Cassandra's
   tombstone_compaction_interval): a candidate counts only once its tables have not changed
@@ -59,19 +58,23 @@ Leveled compaction, as in LevelDB/RocksDB:
   outputs keep their youngest input's time, so the tombstones of an idle DB go down the
   levels without a wait per level. Without the delay (``0``) the rule ran after most
   flushes of a small DB with a delete-heavy steady load: a queue of 5,000 live keys with
-  50% deletes wrote 1.54x the compaction bytes with the rule on (its flushes are dense with
-  tombstones over a small L1, so an L0 -> L1 task is dense as a whole; bench/results/db.md
-  "Session 11: space after deletes"); the delay holds those back until the load stops
-  ("Session 12: idle-time rule for tombstone compactions"). :func:`tombstone_wake_at` says
-  when the next held-back candidate becomes eligible, for the compaction thread's timed wait.
+  50% deletes wrote 1.19-1.29x the compaction bytes of the rule off (1.54x in session 11;
+  its flushes are dense with tombstones over a small L1, so an L0 -> L1 task is dense as a
+  whole). With the default 60 s, no tombstone compaction runs during that load and the
+  held-back work once idle adds little: 1.02-1.10x in all (bench/tombstone_steady_wa.py,
+  bench/results/db.md "Session 12: idle-time rule for tombstone compactions"). The price:
+  under a steady load the space comes back when the load stops, not during it (a queue's
+  tables: 17 MiB at the end of the load, 6.6 MiB without the delay and once idle).
+  :func:`tombstone_wake_at` says when the next held-back candidate becomes eligible, for
+  the compaction thread's timed wait.
 
 ``pick(levels, options, now, born)`` takes anything with a ``levels`` attribute or a sequence of
 levels, each a sequence of file metadata with ``number``, ``size``, ``smallest``, ``largest``
 (L0 newest first, L1+ sorted by key and non-overlapping); ``now`` (default: infinitely late,
 every delay passed: simulators without a clock) and ``born`` (default: no birth times, every
-table born long ago) only matter to the tombstone rule. ``apply(levels, task, outputs)`` returns the
-levels after the task, for simulators and tests; the runner turns the same task into a
-VersionEdit.
+table born long ago) only matter to the tombstone rule. ``apply(levels, task, outputs)``
+returns the levels after the task, for simulators and tests; the runner turns the same task
+into a VersionEdit.
 """
 
 from __future__ import annotations
