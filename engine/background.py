@@ -49,11 +49,13 @@ Any other failure, or ENOSPC once the manifest has failed, is fatal as above.
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 import logging
 import time
 
 from . import filenames
 from .compaction import compaction_job, execute, max_outputs, pick, plan, raw_input_bytes
+from .compaction.births import wall_time
 from .compaction.picker import tombstone_wake_at
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
@@ -407,7 +409,14 @@ class Background:
         last = task.bottommost and is_last_level(levels, task.output_level)
         bits = bits_for_new_table(self.options, levels, task.output_level, new_entries,
                                   removed, last_level=last)
-        job = plan(task, version, self.options, table_options(self.options, bits), self.path)
+        topts = table_options(self.options, bits)
+        if task.reason == "tombstones" and not task.trivial_move:
+            # The outputs store their youngest input's birth as their creation time, so the
+            # next open dates them as this process does (engine/compaction/births.py).
+            now = time.monotonic()
+            born = self._births.tombstone_outputs_born(task, now)
+            topts = replace(topts, creation_time=wall_time(born, time.time(), now))
+        job = plan(task, version, self.options, topts, self.path)
         result = None
         try:
             if self._pool is not None and not task.trivial_move:

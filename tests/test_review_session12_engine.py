@@ -344,3 +344,39 @@ def test_close_does_not_wait_for_another_dbs_job_in_the_shared_pool(tmp_path):
         pool.close()
     with DB.open(path, table_workers=0) as db:  # nothing was lost either way
         assert db.get(b"000042") == b"v42"
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. A tombstone compaction's outputs keep their youngest input's age across a restart
+# ---------------------------------------------------------------------------------------------
+def _live(db) -> dict:
+    return {f.number: n for n, f in db._version.all_files()}
+
+
+def test_a_tombstone_compactions_outputs_keep_their_age_across_a_restart(tmp_path):
+    """engine/compaction/births.py: the outputs are as old as their youngest input in memory,
+    and store that time as their creation_time, so a reopen dates them the same (it used to
+    date them from when they were written: the delay started over for them)."""
+    path = str(tmp_path / "db")
+    delay = 5.0
+    with DB.open(path, tombstone_compaction_delay=delay, table_workers=1) as db:
+        for i in range(300):
+            db.put(b"k%04d" % i, b"v" * 40)
+        for i in range(200):
+            db.delete(b"k%04d" % i)
+        db.flush()  # one L0 table, 2/5 tombstones: compacted `delay` after this flush
+        (flushed,) = _live(db)
+        born = db._births[flushed]
+        assert _wait_until(lambda: db.stats()["compactions_by_reason"].get("tombstones"))
+        assert db.wait_for_compactions(timeout=WAIT_S)
+        outputs = _live(db)
+        assert outputs and flushed not in outputs
+        assert all(db._births[n] == born for n in outputs)
+        written = time.monotonic()  # the outputs were written at least `delay` after `born`
+        assert written - born >= delay
+    with DB.open(path, tombstone_compaction_delay=delay, table_workers=0) as db:
+        assert set(_live(db)) == set(outputs)
+        for n in outputs:
+            # Same process: one monotonic clock. Dated from the stored creation_time, which
+            # has a 1 s resolution and follows the wall clock (at most ~1 s older).
+            assert born - 2.0 <= db._births[n] <= born + 0.5, (db._births[n], born, written)

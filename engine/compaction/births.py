@@ -7,14 +7,17 @@ A birth time is a ``time.monotonic()`` value, kept in memory only (the manifest 
 - the outputs of a "tombstones" compaction keep their youngest input's time instead: they hold
   the same quiet data with tombstones moved down or dropped, so the next step down the levels
   is eligible at once and an idle DB gives its space back about one delay after it went quiet,
-  not one delay per level;
+  not one delay per level. They store that time too: their ``creation_time`` property is the
+  youngest input's birth on the wall clock (:meth:`Births.tombstone_outputs_born`,
+  :func:`wall_time`; the DB passes it in TableOptions), not when they were written;
 - a table found at open is as old as its stored ``creation_time`` property says (seconds since
   the Unix epoch, written by every table format, docs/format.md "Properties"), so a restart
-  does not start the delay again: :func:`born_at_open` turns it into the monotonic clock. A
-  table whose time is unknown (0) or in the future (the wall clock went back) counts as born
-  at open. The property has a 1 s resolution and follows the wall clock: a table can look up
-  to a second older than it is, or, after the clock jumped forward, old enough at once (the
-  behaviour without a delay, once).
+  does not start the delay again, for a tombstone compaction's outputs either:
+  :func:`born_at_open` turns it into the monotonic clock. A table whose time is unknown (0) or
+  in the future (the wall clock went back) counts as born at open. The property has a 1 s
+  resolution and follows the wall clock: a table can look up to a second older than it is,
+  or, after the clock jumped forward, old enough at once (the behaviour without a delay,
+  once).
 
 Why not a new manifest field: the only use is a delay of about a minute (the option's
 default), for which what the tables already store is precise enough, and a format change
@@ -43,6 +46,17 @@ def born_at_open(creation_time: int, wall_now: float, mono_now: float) -> float:
     return mono_now - (wall_now - creation_time)
 
 
+def wall_time(born: float, wall_now: float, mono_now: float) -> int:
+    """The ``creation_time`` property (whole seconds since the Unix epoch) of a table born at
+    the monotonic time ``born``: :func:`born_at_open`'s inverse, rounded down (so the table
+    can look up to a second older at the next open, never younger).
+
+    >>> wall_time(439.5, 1_060.5, 500.0)
+    1000
+    """
+    return max(0, int(wall_now - (mono_now - born)))
+
+
 class Births(dict):
     """File number -> monotonic birth time of every live table (module docstring)."""
 
@@ -64,8 +78,13 @@ class Births(dict):
             return
         born = now
         if task.reason == "tombstones":
-            born = max((self.get(f.number, now) for f in task.all_inputs), default=now)
+            born = self.tombstone_outputs_born(task, now)
         for f in task.all_inputs:
             self.pop(f.number, None)
         for f in outputs:
             self[f.number] = born
+
+    def tombstone_outputs_born(self, task, now: float) -> float:
+        """The birth time of the outputs of the "tombstones" ``task``: its youngest input's
+        (an input without one counts as born ``now``)."""
+        return max((self.get(f.number, now) for f in task.all_inputs), default=now)

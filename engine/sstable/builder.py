@@ -189,7 +189,7 @@ class TableBuilder:
         p.restart_interval = opts.restart_interval
         p.partition_bytes = opts.partition_pages_bytes if fb is not None else 0
         p.format_version = self._version
-        p.creation_time = int(time.time())
+        p.creation_time = int(time.time()) if opts.creation_time is None else opts.creation_time
         props_handle = self._write(encode_properties(p), BLOCK_TYPE_PROPERTIES)
         meta = BlockBuilder(1)
         if fi_handle is not None:

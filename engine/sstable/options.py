@@ -39,6 +39,9 @@ class TableOptions:
     its pages exactly.
     ``blocks_per_partition``: if set, a fixed number of data blocks per partition instead
     (partitions then take as many pages as their keys need, at least ``partition_bytes``).
+    ``creation_time``: the ``creation_time`` property to store, seconds since the Unix epoch;
+    None (the default): when the table is finished. A tombstone compaction passes its
+    youngest input's time (engine/compaction/births.py).
     """
 
     block_size: int = 4096
@@ -49,6 +52,7 @@ class TableOptions:
     bits_per_key: float = 10.0
     partition_bytes: int = 4096
     blocks_per_partition: int | None = None
+    creation_time: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -73,6 +77,9 @@ class TableOptions:
         bpp = self.blocks_per_partition
         if bpp is not None and (not isinstance(bpp, int) or bpp < 1):
             raise InvalidArgumentError(f"blocks_per_partition must be None or >= 1, not {bpp!r}")
+        ct = self.creation_time
+        if ct is not None and (not isinstance(ct, int) or isinstance(ct, bool) or ct < 0):
+            raise InvalidArgumentError(f"creation_time must be None or an int >= 0, not {ct!r}")
 
     @property
     def partition_pages_bytes(self) -> int:
