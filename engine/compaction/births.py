@@ -11,7 +11,7 @@ A birth time is a ``time.monotonic()`` value, kept in memory only (the manifest 
   youngest input's birth on the wall clock (:meth:`Births.tombstone_outputs_born`,
   :func:`wall_time`; the DB passes it in TableOptions), not when they were written;
 - a table found at open is as old as its stored ``creation_time`` property says (seconds since
-  the Unix epoch, written by every table format, docs/format.md "Properties"), so a restart
+  the Unix epoch, written by every table format, docs/format.md "Properties block"), so a restart
   does not start the delay again, for a tombstone compaction's outputs either:
   :func:`born_at_open` turns it into the monotonic clock. A table whose time is unknown (0) or
   in the future (the wall clock went back) counts as born at open. The property has a 1 s
