@@ -283,3 +283,41 @@ def test_cluster_start_refuses_a_shard_engine_directory(tmp_path, request):
     assert r.returncode == USAGE, (r.returncode, r.stderr)
     assert r.stderr.count("\n") == 1 and "inside the data directory" in r.stderr, r.stderr
     assert not inside.exists()
+
+
+def test_an_empty_data_dir_or_config_is_a_usage_error(tmp_path, monkeypatch, capsys,
+                                                      request):
+    """`--data-dir ""` (an unset "$DIR") fell back to the config's data directory:
+    `cluster start --data-dir ""` started a cluster there, exit 0. Now every command taking
+    the option refuses it in one line, exit 2, before it creates or calls anything; so does
+    an empty --config (it fell back to the embedded config)."""
+    from .test_cli_e2e import kill_recorded, sievekv
+
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "c.toml"
+    conf.write_text('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
+                    '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
+
+    def finish():  # what a start that went through (the bug) left running
+        if (tmp_path / "data").exists():
+            sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
+            kill_recorded(str(tmp_path / "data"))
+
+    request.addfinalizer(finish)
+    cases = [["cluster", "start", "-q", "--config", str(conf), "--data-dir", ""],
+             ["--data-dir", "", "cluster", "start", "--config", str(conf)],
+             ["cluster", "stop", "--config", str(conf), "--data-dir="],
+             ["cluster", "restart", "--config", str(conf), "--data-dir", ""],
+             ["cluster", "status", "--data-dir", ""],
+             ["stats", "--data-dir", "", "--router", "127.0.0.1:1", "--timeout", "5"],
+             ["config", "show", "--config", str(conf), "--data-dir", ""]]
+    for argv in cases:
+        code, out, err = run(capsys, argv)
+        assert code == USAGE and out == "" and err.count("\n") == 1, (argv, code, out, err)
+        assert err.startswith("sievekv: error: --data-dir is an empty path"), (argv, err)
+    for argv in (["cluster", "start", "-q", "--config", ""], ["--config", "", "config", "show"]):
+        code, out, err = run(capsys, argv)
+        assert code == USAGE and out == "" and err.count("\n") == 1, (argv, code, out, err)
+        assert err.startswith("sievekv: error: --config is an empty path"), (argv, err)
+    assert sorted(os.listdir(tmp_path)) == ["c.toml"]  # no data directory, nothing started
+

@@ -376,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"missing COMMAND: {', '.join(names[:-1])} or {names[-1]}")
         _check_root_options(args)
         _check_tls_options(args)
+        _check_path_options(args)
         from . import rpc
 
         rpc.use_tls(args)
@@ -433,6 +434,18 @@ def _check_tls_options(args) -> None:
             name = args.command_parser.prog.removeprefix("sievekv ")
             raise CliError(f"--tls-{part} does not apply to '{name}': a local cluster's TLS is "
                            f"the [tls] section of its config", USAGE)
+
+
+def _check_path_options(args) -> None:
+    """An empty --data-dir or --config (an unset ``"$DIR"``) is an error, not the default: the
+    command would otherwise act on the config's data directory, or the embedded config, that
+    the operator did not name (``cluster start --data-dir ""`` started a cluster there)."""
+    for dest, what in (("config", "the cluster config file"),
+                       ("data_dir", "the cluster's data directory")):
+        if hasattr(args, dest) and not getattr(args, dest):
+            flag = "--" + dest.replace("_", "-")
+            raise CliError(f"{flag} is an empty path; give {what}, or leave {flag} out for "
+                           f"the default", USAGE)
 
 
 def _error(message: str) -> None:
