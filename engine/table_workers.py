@@ -40,6 +40,15 @@ Rules:
   else it waits, at most until ``spawn_retry_s`` after the failure, for a worker to come free,
   then starts one again, and raises NoWorker if that start fails too: it never waits for an
   unrelated long job (a compaction of another DB) to end.
+- A worker runs the same engine code as its owner, or none: the owner passes a fingerprint
+  of the engine package's files as they were when it imported them (:data:`CODE_FINGERPRINT`:
+  names, sizes, modification times) and a new worker, having imported every job's module,
+  answers whether its own matches before it takes a job. After an upgrade in place (a new
+  package installed under a running shard, a checkout moved under a running test) a new
+  worker would otherwise import the new code and get jobs in the old code's terms (a flush's
+  memtable as another structure): the start fails with a clear reason, the pool stops
+  starting workers (:class:`CodeChanged`, every job gets NoWorker saying so, and its DB runs
+  it in its own thread, with the code it has loaded) until the process restarts.
 - Errors come back as SieveError subclasses (re-created from the message, errno and path):
   engine exceptions do not survive pickling as-is.
 
@@ -67,6 +76,41 @@ class WorkerLost(SieveError):
 class NoWorker(WorkerLost):
     """No worker process could be started for a job (it was never sent to one)."""
 
+
+class CodeChanged(SieveError):
+    """A new worker found other engine code on disk than its owner runs (module docstring)."""
+
+
+def code_fingerprint(package_dir: str) -> str:
+    """A digest of the names, sizes and modification times of every ``.py`` file under
+    ``package_dir``: what changes when a package is reinstalled or a checkout moves."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                rel = os.path.relpath(path, package_dir)
+                h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+CODE_FINGERPRINT = code_fingerprint(_PACKAGE_DIR)
+"""The engine code this process imported (taken when this module is first imported, with the
+rest of the engine)."""
+
+_JOB_MODULES = ("engine.table_writer", "engine.compaction.runner", "engine.memtable")
+"""Imported by a worker before it answers its owner: every module a job's code lives in."""
+
+HELLO_TIMEOUT_S = 120.0
+"""How long a new worker may take to start (interpreter, imports) before the start fails."""
 
 SPAWN_RETRY_S = 1.0
 """After a failed start, seconds during which jobs do not try to start another worker."""
@@ -96,7 +140,7 @@ def _watchdog(parent: int) -> None:
             os._exit(1)
 
 
-def _main(rfd: int, wfd: int, parent: int) -> None:
+def _main(rfd: int, wfd: int, parent: int, expected: str = "") -> None:
     """Entry point of a worker process (see WorkerPool._spawn_one)."""
     _set_parent_death_signal()
     if os.getppid() != parent:  # the owner died before the signal was armed
@@ -105,6 +149,14 @@ def _main(rfd: int, wfd: int, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's business
     conn_in = Connection(rfd, writable=False)
     conn_out = Connection(wfd, readable=False)
+    import importlib
+
+    for name in _JOB_MODULES:  # all the code a job can run, loaded before the check
+        importlib.import_module(name)
+    if CODE_FINGERPRINT != expected:
+        conn_out.send(("stale", CODE_FINGERPRINT))
+        return
+    conn_out.send(("ready", CODE_FINGERPRINT))
     while True:
         try:
             msg = conn_in.recv()
@@ -127,7 +179,7 @@ def _main(rfd: int, wfd: int, parent: int) -> None:
 
 
 _BOOT = ("import sys; from engine.table_workers import _main; "
-         "_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))")
+         "_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
 
 
 def _spawn_one():
@@ -139,7 +191,8 @@ def _spawn_one():
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(to_child_r), str(from_child_w), str(os.getpid())],
+            [sys.executable, "-c", _BOOT, str(to_child_r), str(from_child_w), str(os.getpid()),
+             CODE_FINGERPRINT],
             pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
     except BaseException:
         for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
@@ -147,7 +200,23 @@ def _spawn_one():
         raise
     os.close(to_child_r)
     os.close(from_child_w)
-    return proc, Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
+    send, recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
+    try:
+        hello = recv.recv() if recv.poll(HELLO_TIMEOUT_S) else None
+    except (EOFError, OSError):
+        hello = None
+    if hello is None or hello[0] != "ready":
+        proc.kill()
+        proc.wait()
+        send.close()
+        recv.close()
+        if hello is not None and hello[0] == "stale":
+            raise CodeChanged(
+                "the engine code on disk changed since this process started (a new worker "
+                f"would run other code: fingerprint {hello[1]}, this process {CODE_FINGERPRINT});"
+                " table jobs run in the DB's threads until the process restarts")
+        raise WorkerLost(f"table worker did not start (exit status {proc.returncode})")
+    return proc, send, recv
 
 
 class _Worker:
@@ -181,6 +250,7 @@ class WorkerPool:
         self._spawn_failed_at: float | None = None  # monotonic time of the last failed start
         self._spawn_error = ""
         self._closed = False
+        self._stale: str | None = None  # CodeChanged's message, once a start saw it
         self.jobs = 0
         self.restarts = 0  # dead workers dropped (during a job, while idle, or cancelled)
         self.spawn_failures = 0
@@ -196,6 +266,10 @@ class WorkerPool:
                 self._requests.pop()
             try:
                 w, error = _Worker(*_spawn_one()), ""
+            except CodeChanged as exc:
+                w, error = None, str(exc)
+                with self._cv:
+                    self._stale = error  # for good: a restart of the process clears it
             except BaseException as exc:  # noqa: BLE001 - callers fall back to their own threads
                 w, error = None, repr(exc)
             with self._cv:
@@ -222,6 +296,8 @@ class WorkerPool:
             while True:
                 if self._closed:
                     raise NoWorker("the worker pool is closed")
+                if self._stale is not None and not self._idle:
+                    raise NoWorker(self._stale)
                 if cancelled is not None and cancelled():
                     raise WorkerLost("table worker job cancelled while it waited for a worker")
                 while self._idle:

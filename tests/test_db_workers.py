@@ -300,3 +300,66 @@ def test_a_fallback_because_the_worker_died_is_counted_and_logged(tmp_path, capl
         assert "exit status -9" in rec.getMessage()
     finally:
         pool.close()
+
+
+def test_a_worker_that_would_run_other_engine_code_is_refused(monkeypatch):
+    """A new worker imports the engine from disk; if that is not the code its owner runs (an
+    upgrade in place), the start fails with the reason and the pool starts no more workers:
+    every job gets NoWorker at once (its DB runs it in its own thread)."""
+    import engine.table_workers as tw
+
+    pool = WorkerPool(1, spawn_retry_s=0.0)
+    try:
+        monkeypatch.setattr(tw, "CODE_FINGERPRINT", "0" * 32)  # "this process runs other code"
+        with pytest.raises(NoWorker, match="engine code on disk changed"):
+            pool.call("owner", job_add, 1, 1)
+        assert pool.spawn_failures == 1
+        monkeypatch.undo()
+        for _ in range(2):  # no new start, even with no retry delay: until a restart
+            with pytest.raises(NoWorker, match="until the process restarts"):
+                pool.call("owner", job_add, 1, 1)
+        assert pool.spawn_failures == 1
+    finally:
+        pool.close()
+
+
+_UPGRADE_CHILD = r"""
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
+from engine import DB
+db = DB.open(sys.argv[1], table_workers=1, disable_auto_compactions=True)
+db.put(b"a", b"1")
+# The package on disk changes under the running process (a reinstall): a newer mtime.
+target = os.path.join(os.path.dirname(sys.modules["engine"].__file__), "memtable.py")
+later = time.time() + 10
+os.utime(target, (later, later))
+db.put(b"b", b"2")
+db.flush()
+tw = db.stats()["table_workers"]
+print(json.dumps({"tw": tw, "a": db.get(b"a").decode(), "b": db.get(b"b").decode()}))
+db.close()
+"""
+
+
+def test_an_engine_upgraded_in_place_is_not_mixed_with_the_running_code(tmp_path):
+    """A real process runs the engine from a copy of the package; the copy changes on disk
+    before the first flush starts a table worker. The flush runs in the DB's own thread with
+    the code the process loaded (one fallback, logged with the reason), and nothing is lost."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import engine
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(os.path.dirname(engine.__file__), pkg / "engine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    r = subprocess.run([sys.executable, "-c", _UPGRADE_CHILD, str(tmp_path / "db")],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["a"] == "1" and out["b"] == "2"
+    assert out["tw"]["fallbacks_no_worker"] == 1 and out["tw"]["jobs_in_process"] == 0, out
+    assert "engine code on disk changed" in r.stderr, r.stderr
