@@ -321,3 +321,35 @@ def test_an_empty_data_dir_or_config_is_a_usage_error(tmp_path, monkeypatch, cap
         assert err.startswith("sievekv: error: --config is an empty path"), (argv, err)
     assert sorted(os.listdir(tmp_path)) == ["c.toml"]  # no data directory, nothing started
 
+
+def test_a_restart_with_missing_tls_files_refuses_before_stopping(tmp_path, request):
+    """A full `cluster restart` checked the slot layout before stopping, but not the [tls]
+    files: with one missing it stopped the cluster, then the start refused the config and
+    left it down. It now refuses in one line (exit 2), naming the file, and stops nothing."""
+    from router import cluster_state as cs
+
+    from .test_cli_e2e import kill_recorded, sievekv
+
+    conf = tmp_path / "c.toml"
+    good = ('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
+            '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
+    conf.write_text(good)
+
+    def finish():
+        sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
+        kill_recorded(str(tmp_path / "data"))
+
+    request.addfinalizer(finish)
+    r = sievekv("cluster", "start", "-q", "--config", str(conf))
+    assert r.returncode == 0, r.stderr
+    before = cs.read_state(str(tmp_path / "data"))
+    conf.write_text(good + '[tls]\ncert = "node.pem"\nkey = "node.key"\nca = "ca.pem"\n')
+    r = sievekv("cluster", "restart", "-q", "--config", str(conf))
+    assert r.returncode == USAGE, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "nothing was stopped" in r.stderr, r.stderr
+    assert "[tls]" in r.stderr and str(tmp_path / "node.pem") in r.stderr, r.stderr
+    conf.write_text(good)
+    status = sievekv("cluster", "status", "--config", str(conf))
+    assert status.returncode == 0 and status.stdout.startswith("cluster running"), status.stdout
+    after = cs.read_state(str(tmp_path / "data"))  # the same processes: nothing was stopped
+    assert cs.recorded_pids(after) == cs.recorded_pids(before)

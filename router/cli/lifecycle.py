@@ -363,8 +363,9 @@ def cmd_restart(args) -> int:
 def _restart_cluster(args) -> int:
     """Stop, then start with the same config (a file is re-read: edits take effect). Like
     ``start``, stdout gets only the router address; the stop report goes to stderr. A config
-    that cannot be loaded, or whose slot layout is not the data directory's, is refused (USAGE)
-    before anything is stopped: the start would refuse it and leave the cluster down."""
+    that cannot be loaded, whose slot layout is not the data directory's, or whose [tls] files
+    cannot be used (missing, unreadable, a key that does not match) is refused (USAGE) before
+    anything is stopped: the start would refuse it and leave the cluster down."""
     doc = target.read_state(args)
     source = doc.get("config", {}).get("source")
     if not getattr(args, "config", None) and source and source != DEFAULT_CONFIG_NAME:
@@ -376,5 +377,12 @@ def _restart_cluster(args) -> int:
         preflight.check_layout(cfg, record=False)
     except preflight.PreflightError as exc:
         raise CliError(f"{exc}; nothing was stopped", USAGE) from None
+    from shard.tls import TlsError  # imports grpc: only here, as the start would
+
+    try:  # the supervisor's check at start (launch.client_tls), in the same words
+        launch.client_tls(cfg)
+    except TlsError as exc:
+        raise CliError(f"config {cfg.source}: [tls]: {exc}; nothing was stopped",
+                       USAGE) from None
     cmd_stop(args, out=io.StringIO() if getattr(args, "quiet", False) else sys.stderr)
     return cmd_start(args)
