@@ -80,8 +80,11 @@ def test_a_compaction_that_hits_a_full_disk_leaves_writes_alone_and_is_retried(t
         db.put(b"during", b"1")
         assert _l0(db) == 2
         fs.append_fault = None
-        wait_until(lambda: _l0(db) == 0, "the compaction to be retried", 60)
-        assert db.stats()["compactions"] >= 1 and db.stats()["compaction_retrying"] is None
+        # The retry installs its version (L0 empty) before the compaction thread clears its
+        # retrying state, under the mutex again: wait for both.
+        wait_until(lambda: _l0(db) == 0 and db.stats()["compaction_retrying"] is None,
+                   "the compaction to be retried", 60)
+        assert db.stats()["compactions"] >= 1
     finally:
         db.close()
     _reopened_holds(path, {**{b"k%03d" % i: b"r1-%d" % i for i in range(200)}, b"during": b"1"})
