@@ -46,7 +46,7 @@ class Options:
     l0_compaction_trigger: int = _opt(4, "L0 table count that triggers an L0->L1 compaction", lo=1)
     l0_slowdown_trigger: int = _opt(20, "L0 table count at which each write sleeps slowdown_sleep_s (RocksDB default)", lo=1)
     l0_stop_trigger: int = _opt(36, "L0 table count at which writers wait for compaction (RocksDB default)", lo=1)
-    slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds", lo=0.0)
+    slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds (at most 10: a write sleeps this once per call, and a longer sleep is a stop, which l0_stop_trigger is for)", lo=0.0, hi=10.0)
     # -- compaction ------------------------------------------------------------------------------
     disable_auto_compactions: bool = _opt(False, "no background compaction (flushes still run)")
     max_bytes_for_level_base: int = _opt(64 * MiB, "target size of L1, bytes", lo=1)

@@ -83,6 +83,10 @@ def test_unknown_and_bad_options(tmp_path):
         DB.open(tmp_path / "db", l0_compaction_trigger=10, l0_slowdown_trigger=5)
     with pytest.raises(InvalidArgumentError, match="bits_per_key_per_level"):
         DB.open(tmp_path / "db", bits_per_key_per_level={9: 10})
+    # A sleep past threading's limit raised OverflowError in the writer's thread (a put
+    # failing with a non-engine error); a sleep of minutes per write is a stop anyway.
+    with pytest.raises(InvalidArgumentError, match="slowdown_sleep_s must be <= 10"):
+        DB.open(tmp_path / "db", slowdown_sleep_s=1e10)
     names = [n for n, _, _ in engine.Options.describe()]
     assert "filter_memory_budget" in names and "memtable_bytes" in names
 
