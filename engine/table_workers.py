@@ -58,6 +58,7 @@ Thread safety: ``call`` may be made from many threads; each waits for an idle wo
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -160,11 +161,14 @@ def _main(rfd: int, wfd: int, parent: int, expected: str = "") -> None:
     while True:
         try:
             msg = conn_in.recv()
+            if msg is None:
+                return
+            n, head = msg
+            buffers = [conn_in.recv_bytes() for _ in range(n)]
         except (EOFError, OSError):
             return
-        if msg is None:
-            return
-        fn, args = msg
+        fn, args = pickle.loads(head, buffers=buffers)
+        del msg, head, buffers
         try:
             reply = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
@@ -361,7 +365,15 @@ class WorkerPool:
         w = self._acquire(owner, cancelled)
         reply = lost = None
         try:
-            w.send_conn.send((fn, args))
+            # Pickle protocol 5: what an argument exposes as PickleBuffers (a flush's memtable
+            # columns, tens of MiB) goes down the pipe from its own memory after a small head,
+            # instead of first being copied into one pickle (engine/memtable.py Columns).
+            buffers: list = []
+            head = pickle.dumps((fn, args), protocol=5, buffer_callback=buffers.append)
+            w.send_conn.send((len(buffers), head))
+            for b in buffers:
+                w.send_conn.send_bytes(b.raw())
+            del buffers
             reply = w.recv_conn.recv()
         except (EOFError, OSError) as exc:
             lost = exc

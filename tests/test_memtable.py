@@ -46,7 +46,7 @@ def test_columns_unpack_to_the_sorted_entries():
     m.add(2 ** 56 + 3, [(KIND_VALUE, b"x" * 70000, b"")])  # u32 length, seq past 32 bits
     m.freeze()
     cols = m.columns()
-    assert entries_from_columns(cols) == list(m.items())
+    assert list(entries_from_columns(cols)) == list(m.items())
 
 
 def test_frozen_memtable_sorts_lazily_once_for_concurrent_readers():
