@@ -211,24 +211,37 @@ def test_put_with_an_option_before_a_dash_value_parses(two_shards, capsys):
 # cluster-layout.json (the supervisor's preflight does, at start): `sievekv cluster restart` after
 # an edit of [shards] count refuses with exit 2 and leaves the cluster stopped; docs/cli.md says a
 # full restart takes the edits 'except slot ranges', not that it takes the cluster down
-def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, request):
+_ONE_SHARD = ('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
+              '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
+
+
+def _start_one_shard_cluster(tmp_path, request):
+    """Start a 1-shard cluster from ``tmp_path/c.toml`` (stopped by a finalizer, even on
+    failure); return the config path and the recorded state."""
+    from router import cluster_state as cs
+
     from .test_cli_e2e import kill_recorded, sievekv
 
     conf = tmp_path / "c.toml"
-    conf.write_text('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
-                    '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
+    conf.write_text(_ONE_SHARD)
 
     def finish():
         sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
         kill_recorded(str(tmp_path / "data"))
 
     request.addfinalizer(finish)
-    from router import cluster_state as cs
-
     r = sievekv("cluster", "start", "-q", "--config", str(conf))
     assert r.returncode == 0, r.stderr
-    before = cs.read_state(str(tmp_path / "data"))
-    good = conf.read_text()
+    return conf, cs.read_state(str(tmp_path / "data"))
+
+
+def test_a_restart_with_another_slot_layout_refuses_before_stopping(tmp_path, request):
+    from router import cluster_state as cs
+
+    from .test_cli_e2e import sievekv
+
+    conf, before = _start_one_shard_cluster(tmp_path, request)
+    good = _ONE_SHARD
     conf.write_text(good.replace("count = 1", "count = 2"))
     r = sievekv("cluster", "restart", "-q", "--config", str(conf))
     assert r.returncode == USAGE and "cluster reshard" in r.stderr, r.stderr
@@ -328,21 +341,10 @@ def test_a_restart_with_missing_tls_files_refuses_before_stopping(tmp_path, requ
     left it down. It now refuses in one line (exit 2), naming the file, and stops nothing."""
     from router import cluster_state as cs
 
-    from .test_cli_e2e import kill_recorded, sievekv
+    from .test_cli_e2e import sievekv
 
-    conf = tmp_path / "c.toml"
-    good = ('[cluster]\ndata_dir = "data"\n[router]\nlisten = "127.0.0.1:0"\n'
-            '[shards]\ncount = 1\nbase_port = 0\n[engine]\ntable_workers = 0\n')
-    conf.write_text(good)
-
-    def finish():
-        sievekv("cluster", "stop", "--config", str(conf), "--timeout", "5")
-        kill_recorded(str(tmp_path / "data"))
-
-    request.addfinalizer(finish)
-    r = sievekv("cluster", "start", "-q", "--config", str(conf))
-    assert r.returncode == 0, r.stderr
-    before = cs.read_state(str(tmp_path / "data"))
+    conf, before = _start_one_shard_cluster(tmp_path, request)
+    good = _ONE_SHARD
     conf.write_text(good + '[tls]\ncert = "node.pem"\nkey = "node.key"\nca = "ca.pem"\n')
     r = sievekv("cluster", "restart", "-q", "--config", str(conf))
     assert r.returncode == USAGE, (r.returncode, r.stderr)
