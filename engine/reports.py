@@ -209,7 +209,10 @@ def stats(db) -> dict:
                           # could be started, the job ran out of reserved file numbers.
                           "fallbacks_to_threads": c.worker_fallbacks,
                           **{"fallbacks_" + r: n
-                             for r, n in c.worker_fallbacks_by_reason.items()}},
+                             for r, n in c.worker_fallbacks_by_reason.items()},
+                          # Why the pool starts no more workers (the engine code on disk
+                          # changed since the process started: restart it), or None.
+                          "disabled": db._pool.disabled if db._pool is not None else None},
         "background_errors": c.background_errors,
         "recovered_errors": c.recovered_errors,
         "failed": None if db._bg_error is None else str(db._bg_error),

@@ -167,15 +167,16 @@ def _main(rfd: int, wfd: int, parent: int, expected: str = "") -> None:
             buffers = [conn_in.recv_bytes() for _ in range(n)]
         except (EOFError, OSError):
             return
-        fn, args = pickle.loads(head, buffers=buffers)
-        del msg, head, buffers
         try:
+            fn, args = pickle.loads(head, buffers=buffers)
+            del msg, head, buffers  # the job's arguments live in args only, and go with it
             reply = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
             # An OSError's message without its "[Errno N]" prefix: the parent's error adds it.
             text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             reply = ("err", type(exc).__name__, text, getattr(exc, "errno", None),
                      getattr(exc, "path", None), traceback.format_exc())
+        fn = args = msg = head = buffers = None  # an idle worker keeps nothing of the job
         try:
             conn_out.send(reply)
         except (EOFError, OSError):
@@ -258,6 +259,11 @@ class WorkerPool:
         self.jobs = 0
         self.restarts = 0  # dead workers dropped (during a job, while idle, or cancelled)
         self.spawn_failures = 0
+
+    @property
+    def disabled(self) -> str | None:
+        """Why the pool starts no more workers (:class:`CodeChanged`'s message), or None."""
+        return self._stale
 
     # -- spawning (in one long-lived thread, so PDEATHSIG means "the process died") ------------
     def _spawn_loop(self) -> None:

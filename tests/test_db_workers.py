@@ -313,7 +313,7 @@ def test_a_worker_that_would_run_other_engine_code_is_refused(monkeypatch):
         monkeypatch.setattr(tw, "CODE_FINGERPRINT", "0" * 32)  # "this process runs other code"
         with pytest.raises(NoWorker, match="engine code on disk changed"):
             pool.call("owner", job_add, 1, 1)
-        assert pool.spawn_failures == 1
+        assert pool.spawn_failures == 1 and "restart" in pool.disabled
         monkeypatch.undo()
         for _ in range(2):  # no new start, even with no retry delay: until a restart
             with pytest.raises(NoWorker, match="until the process restarts"):
@@ -362,4 +362,5 @@ def test_an_engine_upgraded_in_place_is_not_mixed_with_the_running_code(tmp_path
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["a"] == "1" and out["b"] == "2"
     assert out["tw"]["fallbacks_no_worker"] == 1 and out["tw"]["jobs_in_process"] == 0, out
+    assert "engine code on disk changed" in out["tw"]["disabled"], out
     assert "engine code on disk changed" in r.stderr, r.stderr
