@@ -83,15 +83,30 @@ class CodeChanged(SieveError):
 
 
 def code_fingerprint(package_dir: str) -> str:
-    """A digest of the names, sizes and modification times of every ``.py`` file under
-    ``package_dir``: what changes when a package is reinstalled or a checkout moves."""
+    """A digest of where ``package_dir`` is and of the names, sizes and modification times of
+    its code: every ``.py`` file and every ``.pyc`` outside ``__pycache__`` (a sourceless
+    install) under it; for a package inside an archive (zipimport), of the archive file. What
+    changes when a package is reinstalled, a checkout moves, or another copy is imported."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(os.path.abspath(package_dir).encode() + b"\n")
+    if not os.path.isdir(package_dir):
+        archive = package_dir
+        while archive and not os.path.exists(archive):  # .../engine.zip/engine -> the zip
+            parent = os.path.dirname(archive)
+            archive = parent if parent != archive else ""
+        try:
+            st = os.stat(archive)
+            h.update(f"{archive}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            pass
+        return h.hexdigest()[:32]
     for root, dirs, files in os.walk(package_dir):
+        # __pycache__ holds the interpreter's caches of the .py files (rewritten when they
+        # are compiled, not when the code changes)
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
-            if name.endswith(".py"):
+            if name.endswith((".py", ".pyc")):
                 path = os.path.join(root, name)
                 try:
                     st = os.stat(path)
@@ -196,8 +211,10 @@ def _spawn_one():
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(to_child_r), str(from_child_w), str(os.getpid()),
-             CODE_FINGERPRINT],
+            # -P: no working directory on sys.path (-c would put it before PYTHONPATH, and an
+            # `engine` there, another checkout's, would be imported instead of the owner's)
+            [sys.executable, "-P", "-c", _BOOT, str(to_child_r), str(from_child_w),
+             str(os.getpid()), CODE_FINGERPRINT],
             pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
     except BaseException:
         for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
@@ -306,8 +323,6 @@ class WorkerPool:
             while True:
                 if self._closed:
                     raise NoWorker("the worker pool is closed")
-                if self._stale is not None and not self._idle:
-                    raise NoWorker(self._stale)
                 if cancelled is not None and cancelled():
                     raise WorkerLost("table worker job cancelled while it waited for a worker")
                 while self._idle:
@@ -319,6 +334,8 @@ class WorkerPool:
                     w.owner = owner
                     self._busy.append(w)
                     return w
+                if self._stale is not None:  # live workers started before go on; no new one
+                    raise NoWorker(self._stale)
                 failed_at = self._spawn_failed_at
                 now = time.monotonic()
                 if failed_at is not None and now - failed_at < self.spawn_retry_s:

@@ -1,6 +1,6 @@
 """Session 12 review of the table worker protocol (f07d0ef CODE_FINGERPRINT handshake, 4e7c9f1
-columns sent out of band, 992be59 disabled in stats). Each finding is a strict xfail stating the
-bug; real worker processes, no timing."""
+columns sent out of band, 992be59 disabled in stats). Each finding was a strict xfail stating the
+bug, now fixed; real worker processes, no timing."""
 
 import json
 import os
@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 import engine
 from engine.table_workers import WorkerPool
@@ -20,13 +19,13 @@ def job_engine_file():
     return os.path.abspath(sys.modules["engine"].__file__)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/table_workers.py _spawn_one starts the worker with `python -c`, which puts the "
-    "working directory ('') before PYTHONPATH on sys.path: a process whose cwd holds another "
-    "`engine` package (e.g. `sievekv serve` run from inside another checkout) gets workers that "
-    "import that one; the fingerprint refuses them, and the pool is disabled for good with the "
-    "false reason 'the engine code on disk changed since this process started' (nothing "
-    "changed; a restart does not help): the worker should import its owner's package"))
+# Fixed in session 12; was a strict xfail: (
+#   "engine/table_workers.py _spawn_one starts the worker with `python -c`, which puts the "
+#   "working directory ('') before PYTHONPATH on sys.path: a process whose cwd holds another "
+#   "`engine` package (e.g. `sievekv serve` run from inside another checkout) gets workers that "
+#   "import that one; the fingerprint refuses them, and the pool is disabled for good with the "
+#   "false reason 'the engine code on disk changed since this process started' (nothing "
+#   "changed; a restart does not help): the worker should import its owner's package"))
 def test_a_worker_imports_its_owners_engine_not_one_in_the_working_directory(tmp_path,
                                                                              monkeypatch):
     other = tmp_path / "engine"  # another checkout's (older) engine, in the cwd
@@ -60,13 +59,13 @@ db.close()
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/table_workers.py code_fingerprint hashes only *.py files found by os.walk: for an "
-    "engine installed without sources (compileall -b, .pyc only) or imported from a zip "
-    "(zipimport: os.walk of a path inside the zip yields nothing) CODE_FINGERPRINT is the same "
-    "constant for every version, so an upgrade in place is never refused and a new worker runs "
-    "the new code on jobs sent in the old code's terms (the module docstring promises 'the same "
-    "engine code as its owner, or none')"))
+# Fixed in session 12; was a strict xfail: (
+#   "engine/table_workers.py code_fingerprint hashes only *.py files found by os.walk: for an "
+#   "engine installed without sources (compileall -b, .pyc only) or imported from a zip "
+#   "(zipimport: os.walk of a path inside the zip yields nothing) CODE_FINGERPRINT is the same "
+#   "constant for every version, so an upgrade in place is never refused and a new worker runs "
+#   "the new code on jobs sent in the old code's terms (the module docstring promises 'the same "
+#   "engine code as its owner, or none')"))
 def test_an_engine_installed_without_sources_upgraded_in_place_is_refused(tmp_path):
     src = os.path.dirname(engine.__file__)
     pkg = tmp_path / "pkg" / "engine"
