@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 
-
 import engine
 from engine.table_workers import WorkerPool
 
