@@ -266,3 +266,23 @@ def test_an_option_before_the_command_that_the_command_does_not_take_is_refused(
     code, out, err = _run(capsys, *argv)
     assert code == USAGE and out == ""
     assert err.strip() == f"sievekv: error: {needle}"
+
+
+def test_stats_table_says_when_a_shards_table_workers_are_off(monkeypatch, capsys):
+    """`sievekv stats` (table output) names a shard whose table workers are off (the engine
+    code on disk changed under it: engine/table_workers.py) with the engine's reason; a shard
+    whose workers run prints no such line."""
+    import argparse
+
+    from router.cli import report_cmds
+
+    reason = ("the engine code on disk changed since this process started (...); table jobs "
+              "run in the DB's threads until the process restarts")
+    doc = {"shards": {"s0": {"table_workers": {"disabled": reason}},
+                      "s1": {"table_workers": {"disabled": None}}},
+           "sections": {"s0": {"ok": True}, "s1": {"ok": True}}}
+    monkeypatch.setattr(report_cmds, "_report", lambda args, what: doc)
+    assert report_cmds.cmd_stats(argparse.Namespace(json=False)) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "table workers off" in ln]
+    assert line.startswith("s0: table workers off") and reason in line, out

@@ -124,6 +124,10 @@ def cmd_stats(args) -> int:
         due = tombstone_due(s)
         if due:
             print(f"{name}: {due}")
+        workers_off = (s.get("table_workers") or {}).get("disabled")
+        if workers_off:
+            print(f"{name}: table workers off, flushes and compactions run in the shard's "
+                  f"threads until it restarts: {workers_off}")
         if s.get("failed"):
             how = ("writes refused until a flush succeeds (retrying)" if s.get("failed_retrying")
                    else "writes refused until the shard restarts")
