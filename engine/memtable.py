@@ -117,7 +117,7 @@ class MemTable:
         operations only: what a flush sends to a table worker process, where
         :func:`entries_from_columns` unpacks and sorts them. For 480k entries of 16 + 100 bytes
         this costs ~0.1 s of this process's CPU against ~1.1 s to sort the keys, build the
-        entry tuples and pickle them (bench/results/db.md "Session 12: flush"). REQUIRES: frozen.
+        entry tuples and pickle them (bench/results/db.md "Session 12"). REQUIRES: frozen.
         """
         data = self._data
         keys = list(data)
@@ -215,8 +215,8 @@ def entries_from_columns(c: Columns) -> Iterator[tuple[bytes, int, int, bytes]]:
     keys = []
     append = keys.append
     p = 0
-    for n in kl:
-        q = p + n
+    for length in kl:
+        q = p + length
         append(kb[p:q])
         p = q
     # (key, value start, value length, seq, kind), sorted on a C key function: 0.32 s for 480k
