@@ -80,7 +80,9 @@ def _region_offsets(t):
 
 @pytest.mark.parametrize("where", ["data block", "filter partition", "footer"])
 def test_damage_anywhere_in_a_table_is_listed_and_the_scan_goes_on(tmp_path, where):
-    db, model = _db(str(tmp_path / "db"))
+    # No compactions: one could replace the damaged table between the flip and the check (a
+    # CI run saw verify find nothing: the victim was no longer live).
+    db, model = _db(str(tmp_path / "db"), disable_auto_compactions=True)
     try:
         tables = _tables(db)
         victim = tables[len(tables) // 2]
