@@ -211,13 +211,15 @@ class Client:
     def _deadline(self, timeout: float | None) -> float:
         return time.monotonic() + (self.timeout if timeout is None else _check_timeout(timeout, ">= 0"))
 
-    def _delays(self, deadline: float) -> Iterator[None]:
+    def _delays(self, deadline: float, last_try: list | None = None) -> Iterator[None]:
         """Sleep before each retry; stop when out of retries or when the next sleep would
-        pass ``deadline``."""
+        pass ``deadline`` or, with ``last_try`` (a one-item list: the seconds the failed try
+        took), leave less time than that try took: a retry that cannot finish in time only
+        turns the server's error (UNAVAILABLE, naming the shard) into DEADLINE_EXCEEDED."""
         delay = self.backoff
         for _ in range(self.retries):
             pause = min(delay, self.max_backoff) * (0.5 + random.random() / 2)
-            if time.monotonic() + pause >= deadline:
+            if time.monotonic() + pause + (last_try[0] if last_try else 0.0) >= deadline:
                 return
             time.sleep(pause)
             yield
@@ -225,12 +227,15 @@ class Client:
 
     def _call(self, method, request, timeout: float | None, *, retry: bool):
         deadline = self._deadline(timeout)
-        delays = self._delays(deadline) if retry else iter(())
+        last_try = [0.0]
+        delays = self._delays(deadline, last_try) if retry else iter(())
         while True:
             self._check_open()
+            t0 = time.monotonic()
             try:
-                return method(request, timeout=max(deadline - time.monotonic(), 0.0))
+                return method(request, timeout=max(deadline - t0, 0.0))
             except grpc.RpcError as exc:
+                last_try[0] = time.monotonic() - t0
                 if self._closed:  # close() cancels calls in flight: not the server's doing
                     raise errors.ClosedError(self.address) from None
                 if exc.code() in RETRYABLE and next(delays, False) is None:
