@@ -364,3 +364,25 @@ def test_an_engine_upgraded_in_place_is_not_mixed_with_the_running_code(tmp_path
     assert out["tw"]["fallbacks_no_worker"] == 1 and out["tw"]["jobs_in_process"] == 0, out
     assert "engine code on disk changed" in out["tw"]["disabled"], out
     assert "engine code on disk changed" in r.stderr, r.stderr
+
+
+def test_compactions_with_a_target_below_a_tables_fixed_cost_stay_in_their_workers(tmp_path):
+    """A target_file_size under a table's fixed cost (a filter page and the metadata tail)
+    cuts an output at every size check, one or two entries per table: the file numbers a
+    compaction reserved (max_outputs) ran out on every compaction, which then ran again in the
+    DB's thread. The reservation now counts the inputs' entries in that case."""
+    opts = dict(memtable_bytes=4096, target_file_size=2048, block_size=256,
+                l0_compaction_trigger=2, table_workers=1)
+    model = {}
+    with DB.open(tmp_path / "db", **opts) as db:
+        for i in range(1500):
+            k = b"k%05d" % (i * 7919 % 1500)
+            model[k] = b"v%d" % i
+            db.put(k, model[k])
+        db.flush()
+        db.compact()
+        st = db.stats()
+        assert st["compactions"] >= 1
+        tw = st["table_workers"]
+        assert tw["fallbacks_numbers_exhausted"] == 0 and tw["fallbacks_to_threads"] == 0, tw
+        assert dict(db.scan()) == model

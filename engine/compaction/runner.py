@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..filenames import table_file_name
+from ..format import FILTER_PAGE_SIZE
 from ..iterators import merge_runs_batched
 from ..sstable import Table, TableOptions
 from ..table_writer import NumberSupply, write_tables
@@ -89,13 +90,31 @@ def max_outputs(job: CompactionJob) -> int:
     filter page and the metadata tail, counted in the estimate), a hash index or a filter
     with more bits per key than the inputs had. Grandparent cuts add at most one per
     ``max_grandparent_overlap`` bytes overlapped below.
+
+    That holds while the fixed cost stays under half the target. With a smaller target (a
+    test's few KiB: the estimate of an empty table is already a filter page and more) every
+    size check cuts, a table may hold a single entry, and the only bound is that every table
+    holds at least one: the inputs' entry count (capped at ``MAX_RESERVED_OUTPUTS``; a job
+    past it falls back to the DB's thread). That case used to run out of numbers on every
+    compaction and run it in the DB's thread, where, beside busy readers and writers, the
+    first L0 compaction of tests/test_review_engine.py's scan test took seconds.
     """
     t = job.task
-    size_cuts = max(job.input_raw_bytes, t.input_bytes()) // max(1, job.target_file_size)
     lo, hi = t.smallest, t.largest
     gp_bytes = sum(f.size for f in job.grandparents if not (f.largest < lo or f.smallest > hi))
     gp_cuts = gp_bytes // max(1, job.max_grandparent_overlap)
+    if job.target_file_size < 2 * TABLE_FIXED_COST:
+        return min(sum(f.num_entries for f in t.all_inputs), MAX_RESERVED_OUTPUTS) + 8
+    size_cuts = max(job.input_raw_bytes, t.input_bytes()) // max(1, job.target_file_size)
     return 2 * (size_cuts + gp_cuts) + 8
+
+
+TABLE_FIXED_COST = FILTER_PAGE_SIZE + 256
+"""What an output table's size estimate counts besides its data, index and filter bits
+(TableBuilder.estimated_file_size): the filter region's page and the metadata tail."""
+
+MAX_RESERVED_OUTPUTS = 4096
+"""The most file numbers one compaction reserves for its outputs (see max_outputs)."""
 
 
 def _table_entries(table):
