@@ -67,6 +67,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def poll_until(cond, timeout: float, every: float = 0.02) -> bool:
+    """Poll ``cond`` until true (True) or ``timeout`` seconds pass (False): for tests that
+    also assert that something does *not* happen in time, where wait_until would fail."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(every)
+    return True
+
+
 def wait_until(predicate, what: str, timeout: float = 60.0, poll: float = 0.1):
     """Poll ``predicate`` until it returns something true (returned); fail the test naming
     ``what`` after ``timeout`` seconds (generous: machines running CI are often loaded)."""

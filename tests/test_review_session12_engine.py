@@ -27,16 +27,13 @@ from engine.table_workers import NoWorker, WorkerPool
 from engine.table_writer import write_tables
 from engine.vfs import default_fs
 
+from .conftest import poll_until
+
 WAIT_S = 60.0  # liveness bound on a loaded 2-core machine
 
 
 def _wait_until(cond, timeout: float = WAIT_S, every: float = 0.01) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(every)
-    return True
+    return poll_until(cond, timeout, every)
 
 
 def _frames(thread):

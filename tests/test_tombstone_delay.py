@@ -24,6 +24,8 @@ from engine.compaction.picker import pick
 from engine.errors import InvalidArgumentError
 from engine.options import Options
 
+from .conftest import poll_until
+
 WAIT_S = 120.0  # liveness bound on a loaded 2-core machine
 
 
@@ -33,12 +35,7 @@ def _tombstones(db) -> int:
 
 def _wait_until(cond, timeout: float = WAIT_S, every: float = 0.02) -> bool:
     """Poll ``cond`` (which must not write to the DB) until true or ``timeout``."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(every)
-    return True
+    return poll_until(cond, timeout, every)
 
 
 def _settled_then_deleted(db, n: int = 20_000, frac: float = 0.9) -> int:
