@@ -78,6 +78,38 @@ def poll_until(cond, timeout: float, every: float = 0.02) -> bool:
     return True
 
 
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended
+    return states
+
+
+def sigstop(pid: int, timeout: float = 60.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped.
+
+    kill() only queues the stop: one thread of the target starts the group stop when it next
+    runs, and on a loaded machine the process's other threads (gRPC's pollers, handler
+    threads) can answer calls in the meantime. A test that relies on "a stopped process
+    answers nothing" must wait for the stop to be complete (/proc/PID/task/*/stat state T).
+    A process that exits instead (a zombie) counts as stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            states = _thread_states(pid)
+        except FileNotFoundError:
+            return  # gone
+        if all(s in "tTZX" for s in states):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} did not stop within {timeout} s: {states}"
+        time.sleep(0.001)
+
+
 def wait_until(predicate, what: str, timeout: float = 60.0, poll: float = 0.1):
     """Poll ``predicate`` until it returns something true (returned); fail the test naming
     ``what`` after ``timeout`` seconds (generous: machines running CI are often loaded)."""

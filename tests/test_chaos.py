@@ -57,7 +57,8 @@ from router.slots import SLOT_COUNT, slot_of
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import start_router_process, start_shard_process, wait_until, write_cluster_map
+from .conftest import (sigstop, start_router_process, start_shard_process, wait_until,
+                       write_cluster_map)
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_review_lifecycle import Lab
 
@@ -520,7 +521,7 @@ class Nemesis:
     def stop_shard(self):
         name = self._shard()
         p = self.cluster.proc(name)
-        os.kill(p["pid"], signal.SIGSTOP)
+        sigstop(p["pid"])
         self.cluster.stopped.add(p["pid"])
         self.hist.event(f"SIGSTOP {name} pid {p['pid']}")
         try:

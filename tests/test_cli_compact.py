@@ -14,6 +14,7 @@ from router.cli.report_cmds import compaction_progress, compaction_reasons, runn
 
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import sievekv, state, two_shard_cluster
+from .conftest import sigstop
 
 
 
@@ -95,7 +96,7 @@ def test_compact_deadline_names_the_shard_still_compacting(cluster):
     # the router's channel to the shard is connected first (a stopped shard would otherwise
     # fail the connection attempt: UNAVAILABLE, another test)
     assert sievekv("stats", *cfg).returncode == 0
-    os.kill(shard["pid"], signal.SIGSTOP)
+    sigstop(shard["pid"])
     try:
         r = sievekv("compact", "--timeout", "5", "--quiet", *cfg)
     finally:

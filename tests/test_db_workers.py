@@ -11,6 +11,7 @@ from engine import DB, StorageIOError
 from engine.filenames import FileKind, list_files
 from engine.table_workers import NoWorker, WorkerLost, WorkerPool
 from engine.vfs import default_fs
+from .conftest import sigstop
 
 
 def job_add(a, b):
@@ -284,7 +285,7 @@ def test_a_fallback_because_the_worker_died_is_counted_and_logged(tmp_path, capl
             db._pool = pool
             pool.call("warm-up", job_add, 0, 0)
             (w,) = pool._idle
-            os.kill(w.proc.pid, signal.SIGSTOP)  # alive, but it will not answer
+            sigstop(w.proc.pid)  # alive, but it will not answer
             with caplog.at_level("WARNING", logger="engine.background"):
                 t = threading.Thread(target=_flush_with, args=(db, pool))
                 t.start()

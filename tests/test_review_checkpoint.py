@@ -23,6 +23,7 @@ from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .test_checkpoint import SMALL, _content, _fill
 from .test_cli_e2e import ROOT, cli_env_cleared, proc, sievekv, two_shard_cluster  # noqa: F401
+from .conftest import sigstop
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 
@@ -206,7 +207,7 @@ def test_cli_does_not_claim_complete_checkpoints_when_every_shard_failed(cluster
 # a shard answered.
 def test_cli_timeout_with_a_slow_shard_exits_3(cluster, tmp_path):
     pid = proc(cluster, "shard-1")["pid"]
-    os.kill(pid, signal.SIGSTOP)  # the shard answers nothing until SIGCONT
+    sigstop(pid)  # the shard answers nothing until SIGCONT
     try:
         r = sievekv("checkpoint", str(tmp_path / "t"), "--timeout", "3",
                     "--config", cluster["conf"])

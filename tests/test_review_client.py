@@ -27,7 +27,8 @@ from router.client import Client
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import free_port, start_router_process, start_shard_process, wait_until
+from .conftest import (free_port, sigstop, start_router_process, start_shard_process,
+                       wait_until)
 from .test_service_failures import keys_by_shard, router_workers, start_cluster
 
 
@@ -44,7 +45,7 @@ class Stopped:
         self.pid = proc.popen.pid
 
     def __enter__(self):
-        os.kill(self.pid, signal.SIGSTOP)
+        sigstop(self.pid)
         return self
 
     def __exit__(self, *exc):

@@ -31,7 +31,7 @@ from router import config, health_probe, launch
 from router.cli import app
 from router.cli.exit_codes import CONFLICT, OK, PARTIAL, UNREACHABLE, USAGE
 
-from .conftest import free_port, wait_until
+from .conftest import free_port, sigstop, wait_until
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import ROOT, kill_recorded, sievekv
 
@@ -227,7 +227,7 @@ def test_stop_timeout_flag_is_what_the_supervisor_waits_before_sigkill(lab):
     c = lab(conf_text(stop_timeout=30.0))
     c.start()
     hung = c.proc("shard-0")
-    os.kill(hung["pid"], signal.SIGSTOP)  # ignores SIGTERM until SIGKILL
+    sigstop(hung["pid"])  # ignores SIGTERM until SIGKILL
     r = c.cli("cluster", "stop", "--timeout", "1")
     assert r.returncode == OK, r.stderr
     assert "did not exit; sending SIGKILL" not in r.stderr  # the supervisor had to be killed
@@ -359,7 +359,7 @@ def test_a_process_that_ignores_sigterm_is_killed_after_stop_timeout(lab):
     c.start()
     doc = c.state()
     hung = c.proc("shard-0")
-    os.kill(hung["pid"], signal.SIGSTOP)
+    sigstop(hung["pid"])
     r = c.cli("cluster", "stop")
     assert r.returncode == OK, r.stderr
     lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()}

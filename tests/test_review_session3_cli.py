@@ -22,6 +22,7 @@ from router.cli import rpc
 
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import ROOT, two_shard_cluster
+from .conftest import sigstop
 
 pytestmark = pytest.mark.usefixtures("cli_env_cleared")
 cluster = two_shard_cluster("review3")
@@ -104,7 +105,7 @@ def test_ctrl_c_after_one_client_finished_still_reports_and_exits_130(cluster):
         _wait_for("the run to start (gets reach the shards)",
                   lambda: _total_gets(cluster) > base)
         slow, done = clients
-        slow.send_signal(signal.SIGSTOP)  # a client stuck in a slow last call
+        sigstop(slow.pid)  # a client stuck in a slow last call
         # The other client reaches the deadline, sends its result and exits (a zombie until
         # the CLI reaps it).
         _wait_for("the other client to finish", lambda: _exited(done))

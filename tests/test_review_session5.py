@@ -22,7 +22,8 @@ import pytest
 from engine import DB
 from engine.errors import ClosedError, ResultTooLargeError, StorageIOError
 
-from .conftest import start_router_process, start_shard_process, wait_until, write_cluster_map
+from .conftest import (sigstop, start_router_process, start_shard_process, wait_until,
+                       write_cluster_map)
 from .test_review_recovery import ReviewFS
 
 
@@ -113,7 +114,7 @@ def test_a_cancelled_scan_frees_its_router_slot_while_a_shard_is_stalled(procs, 
     ch = grpc.insecure_channel(router.address)
     stream = None
     reader = None
-    os.kill(shard.popen.pid, signal.SIGSTOP)
+    sigstop(shard.popen.pid)
     try:
         def read_first(st):
             try:

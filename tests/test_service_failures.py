@@ -16,7 +16,7 @@ from router.cluster_map import load as load_map
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
-from .conftest import (free_port, start_router_process, start_shard_process,
+from .conftest import (free_port, sigstop, start_router_process, start_shard_process,
                        write_cluster_map)
 from .test_service_metrics import scrape
 
@@ -203,7 +203,7 @@ def test_deadlines_reach_the_shards(procs, tmp_path):
     for router in (short, long):  # connect both routers to the shard first
         with Client(router.address) as c:
             assert c.get(key) is None
-    os.kill(stopped.popen.pid, signal.SIGSTOP)  # connected, but the shard never answers
+    sigstop(stopped.popen.pid)  # connected, but the shard never answers
     try:
         # no client deadline: the router applies its default and names the shard
         with grpc.insecure_channel(short.address) as ch:
@@ -285,7 +285,7 @@ def test_a_hung_shard_leaves_the_router_threads_to_the_others(procs, tmp_path):
     with Client(router.address, retries=0) as c:  # the router connects to both shards first
         c.put(hung_key, b"h")
         c.put(ok_key, b"o")
-    os.kill(shards[0].popen.pid, signal.SIGSTOP)
+    sigstop(shards[0].popen.pid)
     outcomes = []
 
     def wait_on_the_hung_shard():
