@@ -14,11 +14,12 @@ every run recorded before this option did: at 1M keys RocksDB's present-key gets
                behind); then the memtable is flushed and the tree settled (full compaction),
                each timed apart
   fill+flush   the same puts until the last memtable is in a table. Printed beside fillrandom
-               because the engines count memtable bytes differently (sievekv: key + value + 16,
-               RocksDB: its arena, ~148 B per entry here), so when the last put returns one
-               engine may still owe most of its flush work (at 1M keys and 64 MiB by those
-               sizes: sievekv has flushed once and holds ~490k entries, RocksDB twice and
-               ~90k; on a loaded machine sievekv's table workers lag and it held them all)
+               because when the last put returns one engine may still owe more of its flush
+               work than the other. Both count a memtable's memory (sievekv: key + value + 240,
+               its Python objects; RocksDB: its arena, ~148 B per entry here); at 1M keys and
+               64 MiB sievekv holds ~400k entries in memtables then, RocksDB ~540k. Until
+               session 13 sievekv counted key + value + 16, held all 1M entries (two
+               memtables), and its final flush took 2.6 s
   readrandom   get --reads existing keys in random order (after close and reopen)
   readmissing  get --reads keys that are not in the DB
   seekrandom   --seeks times: seek to a random key and read the next 100 entries

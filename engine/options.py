@@ -5,8 +5,9 @@ field's ``metadata["doc"]`` (the CLI's config file mirrors these names; ``Option
 lists them). ``Options.from_kwargs(**kw)`` is the only constructor the DB uses: an unknown name,
 a wrong type or an out-of-range value raises :class:`InvalidArgumentError` naming the option.
 
-Sizes are in bytes. The memtable size counts ``len(key) + len(value) + 16`` per entry (the
-logical size, not Python's object overhead, which is roughly 3x more).
+Sizes are in bytes. The memtable size counts ``len(key) + len(value) + 240`` per entry: the
+memory its Python objects really take (engine/memtable.py ``ENTRY_OVERHEAD``), so
+``memtable_bytes`` bounds the memtable's memory as RocksDB's write_buffer_size does.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Options:
     max_key_size: int = _opt(64 * 1024, "largest key accepted, bytes (at most 1 MiB: the DB holds a key of max_key_size + 1 bytes as its end-of-range sentinel, and a manifest snapshot is one log record of at most 4 GiB - 1 that holds every table's smallest and largest key, so 1 MiB keys still leave room for 2,048 tables)", lo=1, hi=MAX_KEY_SIZE)
     max_value_size: int = _opt(4 * MiB, "largest value accepted, bytes", lo=0)
     # -- memtable and write stalls ---------------------------------------------------------------
-    memtable_bytes: int = _opt(8 * MiB, "memtable size (keys+values+16/entry) that triggers a flush", lo=1024)
+    memtable_bytes: int = _opt(8 * MiB, "memtable memory that triggers a flush: keys + values + 240 bytes per entry, what a memtable's Python objects take (so 8 MiB holds ~23,500 entries of 16-byte keys and 100-byte values). Each shard holds up to 1 + max_frozen_memtables of them", lo=1024)
     max_frozen_memtables: int = _opt(2, "frozen memtables waiting for flush before writers stop", lo=1)
     l0_compaction_trigger: int = _opt(4, "L0 table count that triggers an L0->L1 compaction", lo=1)
     l0_slowdown_trigger: int = _opt(20, "L0 table count at which each write sleeps slowdown_sleep_s (RocksDB default)", lo=1)

@@ -267,7 +267,7 @@ def test_compaction_failure_releases_a_writer_stopped_at_the_l0_stop_trigger(tmp
     """A compaction that fails (a corrupt input block) while L0 is past the stop trigger must
     fail the stopped writer with a clear error, not leave it waiting for ever."""
     path = tmp_path / "db"
-    with DB.open(path, disable_auto_compactions=True, memtable_bytes=4096) as db:
+    with DB.open(path, disable_auto_compactions=True, memtable_bytes=64 << 10) as db:
         for r in range(8):
             for i in range(60):
                 db.put(b"r%d-%04d" % (r, i), b"x" * 40)

@@ -98,7 +98,8 @@ def test_a_steady_load_runs_no_tombstone_compaction_while_it_flushes(tmp_path):
     the load on which the rule without a delay runs a tombstone compaction after most flushes
     (bench/tombstone_steady_wa.py, queue-small). With a delay far longer than the run, every
     compaction is size-triggered: L0 goes down by its table count."""
-    opts = dict(memtable_bytes=16 << 10, max_bytes_for_level_base=128 << 10,
+    # ~125 entries per memtable (keys + values + 240 bytes each)
+    opts = dict(memtable_bytes=44 << 10, max_bytes_for_level_base=128 << 10,
                 target_file_size=16 << 10, filter_policy=None, table_workers=0)
 
     def queue(db, n_ops=16_000, live=300):
