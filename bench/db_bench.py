@@ -17,7 +17,7 @@ every run recorded before this option did: at 1M keys RocksDB's present-key gets
                because when the last put returns one engine may still owe more of its flush
                work than the other. Both count a memtable's memory (sievekv: key + value + 240,
                its Python objects; RocksDB: its arena, ~148 B per entry here); at 1M keys and
-               64 MiB sievekv holds ~400k entries in memtables then, RocksDB ~540k. Until
+               64 MiB sievekv holds ~430k entries in memtables then, RocksDB ~540k. Until
                session 13 sievekv counted key + value + 16, held all 1M entries (two
                memtables), and its final flush took 2.6 s
   readrandom   get --reads existing keys in random order (after close and reopen)
