@@ -203,6 +203,10 @@ def stats(db) -> dict:
         # only, so its counts drop when a compaction replaces the probed tables).
         "filter_probes": _filter_probes(db._tables),
         "table_workers": {"processes": db._pool.size if db._pool is not None else 0,
+                          # Alive now (the pool is the process's, shared by its DBs): an
+                          # idle worker exits after IDLE_EXIT_S without a job.
+                          "running": db._pool.running if db._pool is not None else 0,
+                          "idle_exits": db._pool.idle_exits if db._pool is not None else 0,
                           "jobs_in_process": c.worker_jobs,
                           # Jobs rerun in the DB's thread: the total, then by reason
                           # (engine/background.py): the worker died during the job, none

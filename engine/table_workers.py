@@ -49,6 +49,10 @@ Rules:
   memtable as another structure): the start fails with a clear reason, the pool stops
   starting workers (:class:`CodeChanged`, every job gets NoWorker saying so, and its DB runs
   it in its own thread, with the code it has loaded) until the process restarts.
+- Idle workers exit: one that has had no job for ``idle_exit_s`` (:data:`IDLE_EXIT_S`) is
+  taken out of the idle list under the pool's lock (no job can be handed it after that) and
+  told to exit by the spawner thread, which waits for the next such deadline. Jobs start
+  workers again as they need them.
 - Errors come back as SieveError subclasses (re-created from the message, errno and path):
   engine exceptions do not survive pickling as-is.
 
@@ -130,6 +134,12 @@ HELLO_TIMEOUT_S = 120.0
 
 SPAWN_RETRY_S = 1.0
 """After a failed start, seconds during which jobs do not try to start another worker."""
+
+IDLE_EXIT_S = 60.0
+"""A worker left idle this long exits, giving its memory back (~35 MiB each); the next job
+starts one again (~0.2 s: an interpreter and the engine's imports). An idle shard then holds
+no worker processes; a shard under write load keeps its workers (a flush or compaction at
+least once a minute)."""
 
 
 _ERRORS = {"StorageIOError": StorageIOError, "CorruptionError": CorruptionError,
@@ -248,6 +258,7 @@ class _Worker:
         self.recv_conn = recv_conn
         self.owner = None
         self.cancelled = False  # killed by cancel(): never idle again
+        self.idle_since = time.monotonic()
 
     def close(self) -> None:
         for c in (self.send_conn, self.recv_conn):
@@ -260,9 +271,11 @@ class _Worker:
 class WorkerPool:
     """A fixed number of spawned worker processes. See the module docstring."""
 
-    def __init__(self, size: int, spawn_retry_s: float = SPAWN_RETRY_S):
+    def __init__(self, size: int, spawn_retry_s: float = SPAWN_RETRY_S,
+                 idle_exit_s: float = IDLE_EXIT_S):
         self.size = size
         self.spawn_retry_s = spawn_retry_s
+        self.idle_exit_s = idle_exit_s
         self._cv = threading.Condition()
         self._idle: list[_Worker] = []
         self._busy: list[_Worker] = []
@@ -276,6 +289,13 @@ class WorkerPool:
         self.jobs = 0
         self.restarts = 0  # dead workers dropped (during a job, while idle, or cancelled)
         self.spawn_failures = 0
+        self.idle_exits = 0  # workers that exited after idle_exit_s without a job
+
+    @property
+    def running(self) -> int:
+        """Worker processes alive now (idle or busy; starting ones not counted)."""
+        with self._cv:
+            return len(self._idle) + len(self._busy)
 
     @property
     def disabled(self) -> str | None:
@@ -283,14 +303,52 @@ class WorkerPool:
         return self._stale
 
     # -- spawning (in one long-lived thread, so PDEATHSIG means "the process died") ------------
+    def _take_idle_expired(self) -> tuple[list[_Worker], float | None]:
+        """Remove the workers idle for ``idle_exit_s`` from the idle list; return them and
+        the seconds until the next one is due (None: no idle worker). REQUIRES: ``_cv``."""
+        now = time.monotonic()
+        expired = [w for w in self._idle if now - w.idle_since >= self.idle_exit_s]
+        if expired:
+            self._idle = [w for w in self._idle if w not in expired]
+        due = min((w.idle_since + self.idle_exit_s - now for w in self._idle), default=None)
+        return expired, due
+
+    @staticmethod
+    def _stop_idle(workers: list[_Worker]) -> None:
+        """Ask idle workers (out of every list) to exit; kill one that does not within 30 s.
+        REQUIRES: not holding ``_cv``."""
+        for w in workers:
+            try:
+                w.send_conn.send(None)
+            except OSError:
+                pass
+            w.close()
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+
     def _spawn_loop(self) -> None:
         while True:
+            expired: list[_Worker] = []
             with self._cv:
                 while not self._requests and not self._closed:
-                    self._cv.wait()
-                if self._closed:
+                    expired, due = self._take_idle_expired()
+                    if expired:
+                        self.idle_exits += len(expired)
+                        break
+                    # A released worker or a new request wakes it too; capped, as
+                    # threading.TIMEOUT_MAX bounds a wait (idle_exit_s may be inf: never).
+                    self._cv.wait(None if due is None else min(due, 3600.0))
+                closed = self._closed
+                if not expired and not closed:
+                    self._requests.pop()
+            if expired or closed:
+                self._stop_idle(expired)
+                if closed:
                     return
-                self._requests.pop()
+                continue
             try:
                 w, error = _Worker(*_spawn_one()), ""
             except CodeChanged as exc:
@@ -368,6 +426,7 @@ class WorkerPool:
             w.owner = None
             keep = alive and not w.cancelled and not self._closed
             if keep:
+                w.idle_since = time.monotonic()
                 self._idle.append(w)
             else:
                 self.restarts += 1
@@ -450,17 +509,7 @@ class WorkerPool:
                 w.cancelled = True
                 w.proc.kill()
             self._cv.notify_all()
-        for w in idle:
-            try:
-                w.send_conn.send(None)
-            except OSError:
-                pass
-            w.close()
-            try:
-                w.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
+        self._stop_idle(idle)
         if self._spawner is not None:
             self._spawner.join(timeout=30)
 

@@ -11,7 +11,7 @@ from engine import DB, StorageIOError
 from engine.filenames import FileKind, list_files
 from engine.table_workers import NoWorker, WorkerLost, WorkerPool
 from engine.vfs import default_fs
-from .conftest import sigstop
+from .conftest import poll_until, sigstop
 
 
 def job_add(a, b):
@@ -73,7 +73,9 @@ def test_flushes_and_compactions_run_in_workers_with_the_same_result(tmp_path):
             _wait_for_compactions(db)
         sw, st = dbw.stats(), dbt.stats()
         assert sw["table_workers"]["jobs_in_process"] > 0 and sw["compactions"] > 0
+        assert 1 <= sw["table_workers"]["running"] <= sw["table_workers"]["processes"]
         assert st["table_workers"]["jobs_in_process"] == 0 and st["compactions"] > 0
+        assert st["table_workers"]["running"] == st["table_workers"]["idle_exits"] == 0
         assert list(dbw.scan()) == list(dbt.scan()) == sorted(model.items())
         dbw.compact()
         assert list(dbw.scan()) == sorted(model.items())
@@ -387,3 +389,48 @@ def test_compactions_with_a_target_below_a_tables_fixed_cost_stay_in_their_worke
         tw = st["table_workers"]
         assert tw["fallbacks_numbers_exhausted"] == 0 and tw["fallbacks_to_threads"] == 0, tw
         assert dict(db.scan()) == model
+
+
+# ---------------------------------------------------------------------------------------------
+# Idle workers exit (IDLE_EXIT_S) and jobs start them again.
+# ---------------------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True  # exited and reaped by the pool
+    return False
+
+
+def test_an_idle_worker_exits_and_the_next_job_starts_another():
+    pool = WorkerPool(1, idle_exit_s=0.3)
+    try:
+        (total, pid) = pool.call("owner", job_add, 2, 3)
+        assert total == 5
+        assert poll_until(lambda: pool.idle_exits == 1 and pool.running == 0, 60)
+        assert poll_until(lambda: _gone(pid), 60)
+        (total, pid2) = pool.call("owner", job_add, 1, 1)  # a new worker
+        assert total == 2 and pid2 != pid and pool.running == 1
+        assert pool.restarts == 0 and pool.spawn_failures == 0
+    finally:
+        pool.close()
+
+
+def test_a_worker_busy_for_longer_than_the_idle_limit_finishes_its_job(tmp_path):
+    pool = WorkerPool(1, idle_exit_s=0.1)
+    flag = str(tmp_path / "go")
+    out = []
+    t = threading.Thread(target=lambda: out.append(pool.call("owner", job_wait_for, flag)))
+    try:
+        t.start()
+        assert poll_until(lambda: pool.running == 1 and pool._busy, 60)
+        busy_pid = pool._busy[0].proc.pid
+        # The job outlasts idle_exit_s many times over: a busy worker is never told to exit.
+        assert not poll_until(lambda: pool.idle_exits > 0, 1.0)
+        open(flag, "w").close()
+        t.join(60)
+        assert out == [busy_pid]
+    finally:
+        open(flag, "w").close()
+        t.join(60)
+        pool.close()
