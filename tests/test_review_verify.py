@@ -30,6 +30,7 @@ import glob
 import os
 import random
 import shutil
+import signal
 import sys
 import threading
 
@@ -46,7 +47,7 @@ from engine.vfs import FileSystem
 from router import client_errors as errors
 from router.client import Client
 
-from .conftest import (REPO, start_router_process, start_shard_process, wait_until,
+from .conftest import (REPO, sigstop, start_router_process, start_shard_process, wait_until,
                        write_cluster_map)
 from .test_cli_e2e import cli_env_cleared  # noqa: F401 (a fixture, used by pytestmark)
 from .test_cli_e2e import sievekv
@@ -403,10 +404,17 @@ def test_cli_with_one_shard_down_exits_4_and_timeout_exits_3(procs, tmp_path):
     assert r.returncode == 4, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
     assert "1 of 2 shards could not be checked (s1)" in r.stderr
-    # A deadline shorter than any call can meet: exit 3, one line.
-    r = _verify_cli(router, "--timeout", "0.001")
+    # A shard that does not answer within --timeout: exit 3, one line. s0 is stopped, not
+    # merely given a tiny deadline: its check of two small tables once answered within the
+    # 1 ms that used to stand for "a deadline no call can meet" (a clean-clone CI run).
+    sigstop(shards[0].popen.pid)
+    try:
+        r = _verify_cli(router, "--timeout", "1")
+    finally:
+        os.kill(shards[0].popen.pid, signal.SIGCONT)
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert "gave up waiting for s0" in r.stderr, r.stderr
 
 
 # Fixed in session 7; was a strict xfail: a backend without verify (bench/rocks_shard.py)
