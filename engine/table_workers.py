@@ -290,6 +290,9 @@ class WorkerPool:
         self.restarts = 0  # dead workers dropped (during a job, while idle, or cancelled)
         self.spawn_failures = 0
         self.idle_exits = 0  # workers that exited after idle_exit_s without a job
+        # Retired idle workers told to exit and not yet reaped, with the time past which they
+        # are killed (the spawner thread only: never waited for on the way to a spawn).
+        self._exiting: list[tuple[_Worker, float]] = []
 
     @property
     def running(self) -> int:
@@ -314,23 +317,49 @@ class WorkerPool:
         return expired, due
 
     @staticmethod
-    def _stop_idle(workers: list[_Worker]) -> None:
-        """Ask idle workers (out of every list) to exit; kill one that does not within 30 s.
-        REQUIRES: not holding ``_cv``."""
+    def _tell_to_exit(w: _Worker) -> None:
+        """Send an idle worker (out of every list) the exit message and drop its pipes; a
+        worker reads it at once, so this does not block (the message is a few bytes)."""
+        try:
+            w.send_conn.send(None)
+        except OSError:
+            pass
+        w.close()
+
+    @classmethod
+    def _stop_idle(cls, workers: list[_Worker]) -> None:
+        """Ask idle workers (out of every list) to exit and wait for them; kill one that does
+        not within 30 s. For close(). REQUIRES: not holding ``_cv``."""
         for w in workers:
-            try:
-                w.send_conn.send(None)
-            except OSError:
-                pass
-            w.close()
+            cls._tell_to_exit(w)
             try:
                 w.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
 
+    def _reap_exiting(self, kill_all: bool = False) -> float | None:
+        """Reap retired workers that have exited; kill those past their deadline (a stopped
+        or hung process: it never holds a spawn back). Returns seconds until the next check
+        (None: none left). Spawner thread only (``_exiting`` is its own)."""
+        now = time.monotonic()
+        left = []
+        for w, deadline in self._exiting:
+            if w.proc.poll() is not None:
+                continue
+            if kill_all or now >= deadline:
+                w.proc.kill()
+                w.proc.wait()
+                continue
+            left.append((w, deadline))
+        self._exiting = left
+        # Poll for exits often at first (a worker exits within milliseconds of the message),
+        # then at the deadline.
+        return min((min(d - now, 0.1) for _, d in left), default=None)
+
     def _spawn_loop(self) -> None:
         while True:
+            reap_in = self._reap_exiting()
             expired: list[_Worker] = []
             with self._cv:
                 while not self._requests and not self._closed:
@@ -338,16 +367,26 @@ class WorkerPool:
                     if expired:
                         self.idle_exits += len(expired)
                         break
+                    if reap_in is not None:
+                        due = reap_in if due is None else min(due, reap_in)
                     # A released worker or a new request wakes it too; capped, as
                     # threading.TIMEOUT_MAX bounds a wait (idle_exit_s may be inf: never).
                     self._cv.wait(None if due is None else min(due, 3600.0))
+                    if reap_in is not None:
+                        break  # reap, then wait again
                 closed = self._closed
-                if not expired and not closed:
+                spawn = bool(self._requests) and not closed and not expired
+                if spawn:
                     self._requests.pop()
-            if expired or closed:
+            if closed:
                 self._stop_idle(expired)
-                if closed:
-                    return
+                self._reap_exiting(kill_all=True)
+                return
+            now = time.monotonic()
+            for w in expired:
+                self._tell_to_exit(w)
+                self._exiting.append((w, now + 30.0))
+            if not spawn:
                 continue
             try:
                 w, error = _Worker(*_spawn_one()), ""

@@ -2,7 +2,7 @@
 that exit, conftest.sigstop(). Strict xfails are defects found; plain tests are behaviour
 checked and found right.
 
-Findings (xfail):
+Findings (strict xfails when found; both fixed in session 13, now plain tests):
 - engine/sstable/reader.py (a422a57): a table whose index states a data block size that does
   not fit 64 bits (checksums valid, a fabricated or damaged-then-resealed file) makes
   Table.open raise OverflowError from ``array('Q', sizes)``, before the check that the data
@@ -112,9 +112,9 @@ def test_an_index_stating_a_block_past_the_file_is_corruption_naming_it(tmp_path
     assert ei.value.path == path
 
 
-@pytest.mark.xfail(strict=True, reason="engine/sstable/reader.py Table.__init__ puts the index's "
-                   "sizes in array('Q') before checking data_bytes against the file: a size of "
-                   "2**64 or more raises a bare OverflowError, not a CorruptionError naming the file")
+# Fixed in session 13; was a strict xfail: engine/sstable/reader.py Table.__init__ put the
+# index's sizes in array('Q') before checking data_bytes against the file: a size of 2**64 or
+# more raised a bare OverflowError, not a CorruptionError naming the file.
 def test_an_index_stating_a_block_size_past_64_bits_is_corruption_naming_it(tmp_path):
     path = _table_stating_block_size(tmp_path, 1 << 64)
     with pytest.raises(CorruptionError) as ei:
@@ -125,9 +125,11 @@ def test_an_index_stating_a_block_size_past_64_bits_is_corruption_naming_it(tmp_
 # ---------------------------------------------------------------------------------------------
 # Idle table workers exit (dfffb62)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="engine/table_workers.py _spawn_loop waits (up to 30 s "
-                   "each, _stop_idle) for retired idle workers to exit before it serves spawn "
-                   "requests: a retired worker that does not exit holds a job needing a worker")
+# Fixed in session 13; was a strict xfail: engine/table_workers.py _spawn_loop waited (up to
+# 30 s each, _stop_idle) for retired idle workers to exit before it served spawn requests: a
+# retired worker that did not exit held back a job needing a worker (measured 30.3 s). The
+# spawner now tells them to exit, reaps them as they go and kills them after 30 s, between
+# spawns, never before one.
 def test_a_retired_worker_that_does_not_exit_does_not_hold_back_the_next_job():
     pool = WorkerPool(1, idle_exit_s=3600.0)
     pid = None
