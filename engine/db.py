@@ -656,20 +656,29 @@ class DB(Background):
         deeper one if the data exceeds that level's target (so no automatic compaction is
         needed afterwards). Tombstones are dropped there. One pass: each entry is rewritten
         once. Then the tables still written with another ``compression`` than the DB's
-        (a setting changed since they were written) are rewritten in place at their level
-        (picker.rewrite_tasks), so compact() also moves a DB to its setting, "none" included
-        (docs/format.md, "Versions": going back to a version before table format 3). A DB
-        already in one level with every table matching the setting rewrites nothing. Waits
-        until done."""
+        (a setting changed since they were written), or still holding tombstones, are
+        rewritten in place at their level (picker.rewrite_tasks), so compact() also moves a
+        DB to its setting, "none" included (docs/format.md, "Versions": going back to a
+        version before table format 3), and drops the tombstones of a DB that background
+        compactions had already left in one level (a table can reach the last level by a
+        trivial move, tombstones and all; the merge into it then has nothing to do). A DB
+        already in one level with every table matching the setting and no tombstone rewrites
+        nothing. Waits until done."""
         self.flush()
         with self._compaction_lock:
             self._check_open_for_compaction()
             task = full_task(self._version, self.options)
             if task is not None:
                 self._run_manual_task(task)
-            for task in rewrite_tasks(self._version, self._written_with_another_codec):
+            for task in rewrite_tasks(self._version, self._to_rewrite):
                 self._check_open_for_compaction()
                 self._run_manual_task(task)
+
+    def _to_rewrite(self, f) -> bool:
+        """Whether compact() rewrites the live table ``f`` in place after its full merge:
+        written with another codec, or holding tombstones (after the merge every table is in
+        one level, bottommost, so a rewrite drops them)."""
+        return f.num_deletions > 0 or self._written_with_another_codec(f)
 
     def _written_with_another_codec(self, f) -> bool:
         """Whether the live table ``f`` (FileMeta) was written with another compression than
