@@ -365,7 +365,9 @@ class WorkerPool:
                 while not self._requests and not self._closed:
                     expired, due = self._take_idle_expired()
                     if expired:
-                        self.idle_exits += len(expired)
+                        dead = sum(w.proc.poll() is not None for w in expired)
+                        self.restarts += dead  # died while idle (killed from outside)
+                        self.idle_exits += len(expired) - dead
                         break
                     if reap_in is not None:
                         due = reap_in if due is None else min(due, reap_in)
@@ -458,9 +460,12 @@ class WorkerPool:
                 self._cv.wait()
 
     def _release(self, w: _Worker, alive: bool) -> bool:
-        """Take ``w`` back; return whether it stays (live and not cancelled). A worker that
-        does not stay must be killed and reaped by the caller (outside the lock)."""
+        """Take ``w`` back; return whether it stays (live and not cancelled), counting the
+        job (``alive``: it answered). A worker that does not stay must be killed and reaped by
+        the caller (outside the lock)."""
         with self._cv:
+            if alive:
+                self.jobs += 1  # under the lock: calls from many threads count every job
             self._busy.remove(w)
             w.owner = None
             keep = alive and not w.cancelled and not self._closed
@@ -505,7 +510,6 @@ class WorkerPool:
         if reply is None:
             why = "cancelled" if w.cancelled else f"exit status {w.proc.returncode}"
             raise WorkerLost(f"table worker died during a job ({why}; {lost!r})")
-        self.jobs += 1
         if reply[0] == "ok":
             return reply[1]
         _tag, name, message, errno_, path, tb = reply
