@@ -51,8 +51,10 @@ Rules:
   it in its own thread, with the code it has loaded) until the process restarts.
 - Idle workers exit: one that has had no job for ``idle_exit_s`` (:data:`IDLE_EXIT_S`) is
   taken out of the idle list under the pool's lock (no job can be handed it after that) and
-  told to exit by the spawner thread, which waits for the next such deadline. Jobs start
-  workers again as they need them.
+  told to exit by the spawner thread, which waits for the next such deadline, reaps retired
+  workers as they exit and kills one still alive 30 s later, between spawns: a retired worker
+  that does not exit (stopped, hung) never holds a spawn back. Jobs start workers again as
+  they need them.
 - Errors come back as SieveError subclasses (re-created from the message, errno and path):
   engine exceptions do not survive pickling as-is.
 
