@@ -57,8 +57,10 @@ def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], l
                 off |= (b & 0x7F) << shift
                 shift += 7
                 p += 1
-            if shift > 70:  # docs/format.md "Varints": a varint64 takes at most 10 bytes
-                raise ValueError("data block offset varint longer than 10 bytes")
+            # docs/format.md "Varints": a varint64 takes at most 10 bytes, and its value fits
+            # 64 bits (ten 7-bit groups hold 70: a larger value is damage, not a handle).
+            if shift > 70 or off >> 64:
+                raise ValueError("data block offset is not a varint64")
             b = data[p]
             size = b & 0x7F
             shift = 7
@@ -68,8 +70,8 @@ def decode_index(block: Block, data_end: int) -> tuple[list[bytes], list[int], l
                 size |= (b & 0x7F) << shift
                 shift += 7
                 p += 1
-            if shift > 70:
-                raise ValueError("data block size varint longer than 10 bytes")
+            if shift > 70 or size >> 64:
+                raise ValueError("data block size is not a varint64")
             if p != ve or off != expect:
                 raise ValueError(f"data block handle ({off}, {size}) out of place")
             expect = off + size + BLOCK_TRAILER_SIZE

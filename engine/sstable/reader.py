@@ -161,12 +161,8 @@ class Table:
         # list slots (~80 bytes). An open table's index then takes ~100 bytes per block
         # instead of ~200 (bench/results/db.md "Session 13").
         self._index_keys = keys
-        try:
-            self._offsets = array("Q", offsets)
-            self._sizes = array("Q", sizes)
-        except OverflowError:  # a size no file can have; the layout check below comes later
-            raise CorruptionError("index states a data block size past 2**64", path=path,
-                                  offset=footer.index.offset) from None
+        self._offsets = array("Q", offsets)  # decode_index: each < 2**64 (varint64)
+        self._sizes = array("Q", sizes)
         self._nblocks = n = len(keys)
         # Block cache key of block i: _cache_base + its offset (table id above bit 48, block
         # offset below: offsets < 2**48 as files are; a negative id for anonymous tables
