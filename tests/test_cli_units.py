@@ -286,3 +286,18 @@ def test_stats_table_says_when_a_shards_table_workers_are_off(monkeypatch, capsy
     out = capsys.readouterr().out
     (line,) = [ln for ln in out.splitlines() if "table workers off" in ln]
     assert line.startswith("s0: table workers off") and reason in line, out
+
+
+def test_stats_table_shows_each_shards_running_table_workers(monkeypatch, capsys):
+    """The WORKERS column is `table_workers.running` (processes alive beside the shard, each
+    with its own memory); a shard whose stats predate the field shows "-"."""
+    import argparse
+
+    from router.cli import report_cmds
+
+    doc = {"shards": {"s0": {"table_workers": {"running": 2}}, "s1": {"table_workers": {}}},
+           "sections": {"s0": {"ok": True}, "s1": {"ok": True}}}
+    monkeypatch.setattr(report_cmds, "_report", lambda args, what: doc)
+    assert report_cmds.cmd_stats(argparse.Namespace(json=False)) == 0
+    header, s0, s1 = capsys.readouterr().out.splitlines()[:3]
+    assert header.split()[-1] == "WORKERS" and s0.split()[-1] == "2" and s1.split()[-1] == "-"

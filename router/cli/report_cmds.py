@@ -96,6 +96,9 @@ STATS_COLUMNS = [
     ("FLUSHES", lambda s: format_count(s.get("flushes"))),
     ("COMPACTIONS", lambda s: format_count(s.get("compactions"))),
     ("STALL", lambda s: f"{s.get('write_stall', {}).get('total_seconds', 0):.2f}s"),
+    # Table worker processes alive now (each holds its own memory; an idle one exits after a
+    # minute): what `ps` shows beside the shard.
+    ("WORKERS", lambda s: format_count((s.get("table_workers") or {}).get("running"))),
 ]
 
 
