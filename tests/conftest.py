@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from . import sigterm
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 30.0
 
@@ -34,6 +36,10 @@ START_TIMEOUT = 30.0
 # start with the default, so give the test process one.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# A run stopped with SIGTERM (a CI timeout, `kill`) tears its fixtures down as Ctrl-C does, so
+# it does not leave the processes they started running (tests/sigterm.py).
+sigterm.install()
 
 
 def _ephemeral_low() -> int:
