@@ -14,7 +14,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from engine import DB
 
-OPTS = dict(memtable_bytes=2048, target_file_size=2048, max_bytes_for_level_base=8192,
+OPTS = dict(memtable_bytes=8192, target_file_size=2048, max_bytes_for_level_base=8192,
             block_size=256, l0_compaction_trigger=2, l0_slowdown_trigger=4, l0_stop_trigger=6,
             slowdown_sleep_s=0.0, block_cache_bytes=4096)
 
