@@ -6,7 +6,9 @@ process on a fresh DB, with the same writes (same seed): ``tombstone_compaction_
 (off), --ratio with ``tombstone_compaction_delay`` 0 (on0: the rule as in session 11, no idle
 time) and --ratio with --delay (on: the default delay unless given), on options scaled down 32x
 from the defaults (memtable 256 KiB, L1 target 2 MiB, tables 128 KiB) so that some hundred
-thousand writes make several flushes per level:
+thousand writes make several flushes per level (since session 13 a memtable entry is charged
+240 bytes besides its key and value, so 256 KiB holds ~865 entries of a queue, not ~3,300:
+these loads flush faster than L0 empties; bench/results/db.md "Session 14" compares 768 KiB):
 
 - queue / queue-small: insert ascending keys; once --live (or 5,000) keys exist, delete the
   oldest after each insert (~50% deletes once full).
