@@ -278,21 +278,22 @@ class DB(Background):
         if type(key) is not bytes or not key or len(key) > self._max_key:
             key = self._check_key(key)
         self.gets += 1
-        e = rs.mem_get(key)
-        if e is None:
-            for get in rs.older:
-                e = get(key)
-                if e is not None:
-                    break
+        r = rs.mem_get(key)  # a memtable record: byte 0 is the kind (the tag's low byte)
+        if r is not None:
+            return None if r[0] == KIND_DELETE else r[8:]
+        for get in rs.older:
+            e = get(key)
+            if e is not None:
+                break
+        else:
+            for largests, smallests, gets in rs.lookup:
+                i = bisect_left(largests, key)
+                if smallests[i] <= key:
+                    e = gets[i](key)
+                    if e is not None:
+                        break
             else:
-                for largests, smallests, gets in rs.lookup:
-                    i = bisect_left(largests, key)
-                    if smallests[i] <= key:
-                        e = gets[i](key)
-                        if e is not None:
-                            break
-                else:
-                    return None
+                return None
         if e[1] == KIND_DELETE:
             return None
         return e[2]

@@ -1,8 +1,16 @@
 """The memtable: the newest version of each recently written key, in key order.
 
-A :class:`MemTable` maps ``key -> (seq, kind, value)`` and keeps only the newest entry per key
-(the DB has no snapshots, so older versions are never needed). Deletes are stored as
-``(seq, KIND_DELETE, b"")`` tombstones so that they hide older versions in tables.
+A :class:`MemTable` maps each key to its newest entry ``(seq, kind, value)`` (the DB has no
+snapshots, so older versions are never needed). Deletes are stored as ``(seq, KIND_DELETE,
+b"")`` tombstones so that they hide older versions in tables.
+
+An entry is held as one *record*, a bytes object: the 8-byte tag ``seq << 8 | kind``
+(little-endian, as in a table's entries: docs/format.md "Data blocks"), then the value. So its
+first byte is the kind and ``record[8:]`` the value. One object per entry instead of a
+``(seq, kind, value)`` tuple, a seq int and the value: 88 bytes less per entry (tracemalloc,
+CPython 3.11), so a memtable of 16-byte keys and 100-byte values holds a third more entries
+in the same memory. The cost is one copy of the value per write (when the record is built),
+and one per read that finds the key here (``record[8:]``).
 
 Layout: a plain ``dict`` holds the entries (point lookups and overwrites: one hash operation)
 and a ``sortedcontainers.SortedList`` holds the keys in order. New keys are not inserted into
@@ -14,7 +22,8 @@ costs one dict store and, for a new key, one list append.
 Thread safety:
 - One writer at a time calls :meth:`add` (the DB holds its mutex or is the group-commit
   leader); it holds ``self.lock`` while it mutates.
-- :meth:`get` takes no lock: it is one ``dict.get`` (atomic under the GIL).
+- :attr:`get_record` (the hot path: DB.get) and :meth:`get` take no lock: one ``dict.get``
+  (atomic under the GIL).
 - :meth:`iterate` copies the requested range lazily, ``chunk`` entries at a time, under
   ``self.lock`` (merging pending keys first). Entries written after the iterator passed them
   are not seen; entries written ahead of it are (each key returned is a value the key held at
@@ -34,6 +43,7 @@ overwrites is charged more than it holds: it flushes early, never late).
 from __future__ import annotations
 
 import pickle
+import struct
 import threading
 from array import array
 from itertools import accumulate
@@ -42,27 +52,40 @@ from typing import Iterator, NamedTuple
 
 from sortedcontainers import SortedList
 
-ENTRY_OVERHEAD = 240
+ENTRY_OVERHEAD = 176
 """Bytes charged per entry besides key and value: what the entry's Python objects take beyond
-the key's and value's bytes (CPython 3.11, 64-bit): 221 bytes requested for any key and value
-size (tracemalloc: two bytes object headers, the (seq, kind, value) tuple, the seq int, the
-dict slot, the key's place in the pending list or SortedList) plus ~20 of allocator rounding.
-So ``memtable_bytes`` bounds the memtable's real memory, as RocksDB's write_buffer_size bounds
-its arena: filled to 64 MiB with 16-byte keys and 100-byte values, a memtable grows the process
-by ~65 MiB (until session 13 this was 16, and the same memtable took 172 MiB)."""
+the key's and value's bytes (CPython 3.11, 64-bit): the key's and the record's bytes object
+headers, the dict slot, the key's place in the pending list or SortedList, and allocator
+rounding. So ``memtable_bytes`` bounds the memtable's real memory, as RocksDB's
+write_buffer_size bounds its arena. Measured (session 14) as the growth of the process's
+anonymous RSS while a memtable takes 100k-500k entries of 16-byte keys and 100-byte values and
+sorts its keys: 158-176 bytes per entry beyond them (tracemalloc: 118 requested before the
+sort). Until session 14 an entry was a (seq, kind, value) tuple beside a seq int, charged 240
+bytes and measured the same way at 256-274; until session 13 it was charged 16."""
+
+_TAG = struct.Struct("<Q")  # docs/format.md "Data blocks": the entry tag, seq << 8 | kind
+_pack_tag = _TAG.pack
+_tag_at = _TAG.unpack_from
+
+
+def decode_record(record: bytes) -> tuple[int, int, bytes]:
+    """``(seq, kind, value)`` of a memtable record (see the module docstring)."""
+    tag = _tag_at(record)[0]
+    return tag >> 8, tag & 0xFF, record[8:]
 
 
 class MemTable:
     """Newest-only sorted map of recent writes. See the module docstring for the contract."""
 
-    __slots__ = ("_data", "_keys", "_pending", "get", "lock", "approximate_bytes", "log_number",
-                 "frozen")
+    __slots__ = ("_data", "_keys", "_pending", "get_record", "lock", "approximate_bytes",
+                 "log_number", "frozen")
 
     def __init__(self, log_number: int = 0):
         self._data: dict = {}
         self._keys = SortedList()
         self._pending: list = []  # keys in _data but not yet in _keys
-        self.get = self._data.get  # key -> (seq, kind, value) | None; O(1), lock-free
+        # key -> record | None (module docstring); O(1), lock-free: DB.get's first lookup
+        self.get_record = self._data.get
         self.lock = threading.Lock()
         self.approximate_bytes = 0
         self.log_number = log_number
@@ -70,6 +93,11 @@ class MemTable:
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def get(self, key: bytes) -> tuple[int, int, bytes] | None:
+        """``(seq, kind, value)`` of ``key``'s entry, or None. Lock-free."""
+        r = self._data.get(key)
+        return None if r is None else decode_record(r)
 
     def add(self, first_seq: int, ops) -> int:
         """Insert ``ops`` = [(kind, key, value)] with sequence numbers first_seq, first_seq+1, ...
@@ -83,7 +111,7 @@ class MemTable:
             with self.lock:
                 if key not in data:
                     self._pending.append(key)
-                data[key] = (first_seq, kind, value)
+                data[key] = _pack_tag(first_seq << 8 | kind) + value
                 self.approximate_bytes += len(key) + len(value) + ENTRY_OVERHEAD
             return first_seq
         size = 0
@@ -94,7 +122,7 @@ class MemTable:
                 seq += 1
                 if key not in data:
                     pending.append(key)
-                data[key] = (seq, kind, value)
+                data[key] = _pack_tag(seq << 8 | kind) + value
                 size += len(key) + len(value) + ENTRY_OVERHEAD
             self.approximate_bytes += size
         return seq
@@ -118,8 +146,9 @@ class MemTable:
         with self.lock:  # a scan may be merging the pending keys at the same moment
             keys = self._sorted_keys()
         for key in keys:
-            seq, kind, value = data[key]
-            yield key, seq, kind, value
+            r = data[key]
+            tag = _tag_at(r)[0]
+            yield key, tag >> 8, tag & 0xFF, r[8:]
 
     def columns(self) -> "Columns":
         """All entries, unsorted, packed into a few flat buffers (:class:`Columns`) with C-level
@@ -130,11 +159,9 @@ class MemTable:
         """
         data = self._data
         keys = list(data)
-        entries = list(data.values())
-        values = list(map(_VALUE, entries))
+        records = list(data.values())
         return Columns(b"".join(keys), array("I", map(len, keys)).tobytes(),
-                       b"".join(values), array("I", map(len, values)).tobytes(),
-                       array("Q", map(_SEQ, entries)).tobytes(), bytes(map(_KIND, entries)))
+                       b"".join(records), array("I", map(len, records)).tobytes())
 
     def iterate(self, start: bytes | None = None, end: bytes | None = None,
                 chunk: int = 128) -> Iterator[tuple[bytes, int, int, bytes]]:
@@ -152,8 +179,9 @@ class MemTable:
                 batch = []
                 append = batch.append
                 for key in keys:
-                    seq, kind, value = data[key]
-                    append((key, seq, kind, value))
+                    r = data[key]
+                    tag = _tag_at(r)[0]
+                    append((key, tag >> 8, tag & 0xFF, r[8:]))
                     if len(batch) >= chunk:
                         break
             yield from batch
@@ -165,22 +193,19 @@ class MemTable:
                 chunk *= 2
 
 
-_SEQ, _KIND, _VALUE = itemgetter(0), itemgetter(1), itemgetter(2)
 _KEY = itemgetter(0)
 
 
 class Columns(NamedTuple):
     """A memtable's entries as flat buffers (see :meth:`MemTable.columns`); entry i is key
-    ``keys[ko[i]:ko[i+1]]`` (``ko``: running sums of ``key_lens``), value likewise, sequence
-    number ``seqs[i]``, kind byte ``kinds[i]``. Lengths are native u32 arrays and sequence
-    numbers native u64 arrays (``array.tobytes``): the buffers never leave this machine."""
+    ``keys[ko[i]:ko[i+1]]`` (``ko``: running sums of ``key_lens``) and record (tag, then
+    value: the module docstring) likewise. Lengths are native u32 arrays
+    (``array.tobytes``): the buffers never leave this machine."""
 
     keys: bytes
     key_lens: bytes
-    values: bytes
-    value_lens: bytes
-    seqs: bytes
-    kinds: bytes
+    records: bytes
+    record_lens: bytes
 
     def __reduce_ex__(self, protocol):
         # Protocol 5 (a table worker's job, engine/table_workers.py): each buffer out of band,
@@ -212,13 +237,11 @@ def entries_from_columns(c: Columns) -> Iterator[tuple[bytes, int, int, bytes]]:
     do not agree."""
     kl = array("I")
     kl.frombytes(c.key_lens)
-    vl = array("I")
-    vl.frombytes(c.value_lens)
-    seqs = array("Q")
-    seqs.frombytes(c.seqs)
+    rl = array("I")
+    rl.frombytes(c.record_lens)
     n = len(kl)
-    if not (len(vl) == len(seqs) == len(c.kinds) == n and sum(kl) == len(c.keys)
-            and sum(vl) == len(c.values)):
+    if not (len(rl) == n and sum(kl) == len(c.keys) and sum(rl) == len(c.records)
+            and (not n or min(rl) >= _TAG.size)):
         raise ValueError("memtable columns disagree")
     kb = c.keys
     keys = []
@@ -228,15 +251,16 @@ def entries_from_columns(c: Columns) -> Iterator[tuple[bytes, int, int, bytes]]:
         q = p + length
         append(kb[p:q])
         p = q
-    # (key, value start, value length, seq, kind), sorted on a C key function: 0.32 s for 480k
+    # (key, record start, record length), sorted on a C key function: 0.32 s for 480k
     # entries, against 0.78 s for an argsort through a keys list's __getitem__ and 0.67 s for
     # comparing whole tuples (keys are unique)
-    order = list(zip(keys, accumulate(vl, initial=0), vl, seqs, c.kinds))
+    order = list(zip(keys, accumulate(rl, initial=0), rl))
     del keys
     order.sort(key=_KEY)
-    return _in_order(order, c.values)
+    return _in_order(order, c.records)
 
 
-def _in_order(order, vb):
-    for key, vs, vn, seq, kind in order:
-        yield key, seq, kind, vb[vs:vs + vn]
+def _in_order(order, rb):
+    for key, rs, rn in order:
+        tag = _tag_at(rb, rs)[0]
+        yield key, tag >> 8, tag & 0xFF, rb[rs + 8:rs + rn]

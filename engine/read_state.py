@@ -25,6 +25,7 @@ from bisect import bisect_left
 from typing import Iterator
 
 from .iterators import concat_tables
+from .memtable import decode_record
 
 
 class ReadState:
@@ -43,7 +44,7 @@ class ReadState:
         """
         rs = cls()
         rs.mem = mem
-        rs.mem_get = mem.get
+        rs.mem_get = mem.get_record  # a record (engine/memtable.py), not an entry tuple
         rs.frozen = tuple(frozen)
         rs.version = version
         levels = version.levels
@@ -60,7 +61,8 @@ class ReadState:
                                tuple(t.get for t in ts)))
         rs.levels = tuple(lv)
         # For DB.get, bound once: the lookups below the active memtable (frozen memtables,
-        # L0 tables), then per level (largest keys, smallest keys, table gets).
+        # L0 tables; each returns an entry tuple), then per level (largest keys, smallest
+        # keys, table gets).
         rs.older = tuple([m.get for m in rs.frozen] + [t.get for t in rs.l0])
         rs.lookup = tuple(lookup)
         numbers = tuple(f.number for files in levels for f in files)
@@ -75,9 +77,9 @@ class ReadState:
 
         (DB.get inlines the same loop for speed; keep them in step.)
         """
-        e = self.mem_get(key)
-        if e is not None:
-            return e
+        r = self.mem_get(key)
+        if r is not None:
+            return decode_record(r)
         for get in self.older:
             e = get(key)
             if e is not None:

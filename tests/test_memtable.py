@@ -3,7 +3,7 @@
 import random
 import threading
 
-from engine.format import KIND_DELETE, KIND_VALUE
+from engine.format import KIND_DELETE, KIND_VALUE, MAX_SEQUENCE
 from engine.iterators import concat_tables, live_items, merge_newest, merge_runs_batched
 import pytest
 
@@ -43,7 +43,7 @@ def test_columns_unpack_to_the_sorted_entries():
             m.add(seq, [(KIND_VALUE, k, b"again")])
             seq += 1
     m.add(seq, [(KIND_VALUE, b"big-seq", b"v")])
-    m.add(2 ** 56 + 3, [(KIND_VALUE, b"x" * 70000, b"")])  # u32 length, seq past 32 bits
+    m.add(MAX_SEQUENCE, [(KIND_VALUE, b"x" * 70000, b"")])  # u32 length, the largest seq
     m.freeze()
     cols = m.columns()
     assert list(entries_from_columns(cols)) == list(m.items())
@@ -71,8 +71,10 @@ def test_columns_that_disagree_are_refused():
     m.add(1, [(KIND_VALUE, b"a", b"1"), (KIND_VALUE, b"b", b"2")])
     m.freeze()
     c = m.columns()
-    for bad in (c._replace(keys=c.keys[:-1]), c._replace(values=c.values + b"x"),
-                c._replace(kinds=c.kinds[:1]), c._replace(seqs=c.seqs[:8])):
+    short = c.record_lens[:4] + (7).to_bytes(4, "little")  # a record shorter than its tag
+    for bad in (c._replace(keys=c.keys[:-1]), c._replace(records=c.records + b"x"),
+                c._replace(record_lens=c.record_lens[:4]),
+                c._replace(records=c.records[:-2], record_lens=short)):
         with pytest.raises(ValueError, match="disagree"):
             entries_from_columns(bad)
     assert isinstance(c, Columns)

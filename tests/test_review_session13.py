@@ -261,12 +261,15 @@ _CRASH_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("entries,tables", [(2000, 0), (3200, 1)])
+_CARRIED = (1 << 20) // (15 + 100 + ENTRY_OVERHEAD)  # entries charged just under 1 MiB
+
+
+@pytest.mark.parametrize("entries,tables", [(_CARRIED * 2 // 3, 0), (_CARRIED * 4 // 3, 1)])
 def test_recovery_carries_a_log_under_1mib_as_charged_and_writes_a_larger_one(tmp_path,
                                                                               entries, tables):
-    """engine/recovery.py CARRY_MAX_BYTES compares the memtable's charge, now 240 bytes per
-    entry: 2,000 entries of 15 + 100 bytes (0.71 MB charged) stay in the first memtable, 3,200
-    (1.14 MB) are written to one L0 table at open; either way nothing is lost."""
+    """engine/recovery.py CARRY_MAX_BYTES (1 MiB) compares the memtable's charge, key + value
+    + ENTRY_OVERHEAD per entry: entries of 15 + 100 bytes charged 2/3 of it stay in the first
+    memtable, 4/3 of it are written to one L0 table at open; either way nothing is lost."""
     path = str(tmp_path / "db")
     r = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, path, str(entries)], cwd=REPO,
                        env=_child_env(), capture_output=True, text=True, timeout=300)
