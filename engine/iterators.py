@@ -55,36 +55,41 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
 def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = 2048) -> Iterator[list[Entry]]:
     """Merge sorted sources; yield sorted lists of entries with one entry per key, newest wins.
 
-    Reads up to ``batch`` entries from each source, emits everything up to the smallest "last
-    key read" among the sources that still have entries (all entries with a key at or below
-    that bound have been read from every source), and keeps the rest for the next round.
+    Each round reads up to ``batch`` entries from the sources at the frontier (every source on
+    the first round, then those whose last key read is the smallest among the sources that
+    still have entries), and emits everything up to that smallest last key: all entries at or
+    below it have been read from every source. A source that runs ahead (an L0 table whose
+    ``batch`` entries span the whole key range, a level whose range starts after another's
+    ends) is not read again until the frontier reaches its last key, so at most about
+    ``batch`` entries per source wait to be emitted, whatever the sources' sizes. (Until
+    session 14 every live source was read each round, and the entries of one running ahead
+    piled up: a whole level's worth when two levels covered separate ranges.)
     """
     iters = [iter(s) for s in sources]
+    lasts: dict[int, bytes] = {}  # source -> its last key read; the sources not yet exhausted
+    todo = range(len(iters))  # the sources to read this round
     pending: list[Entry] = []
-    live = list(range(len(iters)))
-    while live:
-        bound = None
-        still = []
-        for i in live:
+    while True:
+        for i in todo:
             chunk = list(islice(iters[i], batch))
-            if chunk:
-                pending.extend(chunk)
+            pending.extend(chunk)
             if len(chunk) == batch:
-                still.append(i)
-                last = chunk[-1][0]
-                if bound is None or last < bound:
-                    bound = last
-        live = still
+                lasts[i] = chunk[-1][0]
+            else:
+                lasts.pop(i, None)  # exhausted
         # Tuples sort by key, then seq (unique per key): the newest version of a key comes last.
+        # The leftover is sorted and the new chunks are sorted runs: the sort merges runs.
         pending.sort()
-        if bound is None:
-            out, pending = pending, []
-        else:
-            # Everything with key <= bound is complete.
-            cut = _upper_bound(pending, bound)
+        if not lasts:
+            if pending:
+                yield _dedup_sorted(pending)
+            return
+        bound = min(lasts.values())
+        cut = _upper_bound(pending, bound)  # everything with key <= bound is complete
+        if cut:
             out, pending = pending[:cut], pending[cut:]
-        if out:
             yield _dedup_sorted(out)
+        todo = [i for i, last in lasts.items() if last == bound]
 
 
 def _upper_bound(entries: list[Entry], key: bytes) -> int:

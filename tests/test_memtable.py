@@ -200,3 +200,31 @@ def test_batches_written_while_scanning_all_reach_the_sorted_index():
         t.join()
     m.freeze()
     assert [e[0] for e in m.items()] == sorted(set(written))
+
+
+def test_batched_merge_reads_a_source_running_ahead_only_when_the_others_catch_up():
+    """merge_runs_batched holds at most about ``batch`` unemitted entries per source: a source
+    whose range starts after another's ends (two levels after trivial moves), or whose batch
+    spans the whole range (an L0 table beside a level), is not read again until the merge
+    reaches its last key. Until session 14 every source was read each round, and a compaction
+    of two such levels held one of them whole in memory."""
+    batch = 64
+    read = [0, 0, 0]
+    emitted = []
+
+    def counted(i, entries):
+        for e in entries:
+            read[i] += 1
+            yield e
+
+    low = [(b"a%06d" % n, 1, KIND_VALUE, b"") for n in range(5000)]
+    high = [(b"b%06d" % n, 2, KIND_VALUE, b"") for n in range(5000)]
+    sparse = [(b"%s%06d" % (p, n), 3, KIND_VALUE, b"") for p in (b"a", b"b") for n in range(0, 5000, 97)]
+    for out in merge_runs_batched([counted(0, low), counted(1, high), counted(2, sparse)], batch):
+        emitted.extend(out)
+        frontier = out[-1][0]
+        for i, src in enumerate((low, high, sparse)):
+            ahead = read[i] - sum(1 for e in src if e[0] <= frontier)
+            assert ahead <= batch, (i, frontier, read)
+    assert emitted == sorted({e[0]: e for e in low + high + sparse}.values())
+    assert read == [len(low), len(high), len(sparse)]
