@@ -15,11 +15,11 @@ every run recorded before this option did: at 1M keys RocksDB's present-key gets
                each timed apart
   fill+flush   the same puts until the last memtable is in a table. Printed beside fillrandom
                because when the last put returns one engine may still owe more of its flush
-               work than the other. Both count a memtable's memory (sievekv: key + value + 240,
+               work than the other. Both count a memtable's memory (sievekv: key + value + 176,
                its Python objects; RocksDB: its arena, ~148 B per entry here); at 1M keys and
-               64 MiB sievekv holds ~430k entries in memtables then, RocksDB ~540k. Until
+               64 MiB sievekv holds ~230k entries per memtable (RocksDB ~270k). Until
                session 13 sievekv counted key + value + 16, held all 1M entries (two
-               memtables), and its final flush took 2.6 s
+               memtables), and its final flush took 2.6 s; in session 13, + 240 (188k)
   readrandom   get --reads existing keys in random order (after close and reopen)
   readmissing  get --reads keys that are not in the DB
   seekrandom   --seeks times: seek to a random key and read the next 100 entries

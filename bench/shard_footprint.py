@@ -36,8 +36,9 @@ check), with the ratio measured / formula,
 
 and the item's figures since: a settled shard (100 MiB + its memtable and block cache in use
 + 80 bytes per data block) beside the shard's own RSS less table pages at the end, and the
-worst case (full memtables and cache, every worker merging l0_stop_trigger L0 tables of
-key + value + 170 bytes per entry, + 35 MiB) beside the run's peak. The shard is stopped
+worst case (full memtables and cache, every worker at 35 MiB plus the larger of a flush of a
+full memtable, ~500 bytes per entry, and a compaction of l0_stop_trigger + 1 inputs holding
+MERGE_BATCH entries of key + value + 170 bytes each) beside the run's peak. The shard is stopped
 (SIGTERM, then its process group is killed) on every way out. Timings are not the point: the
 load average is printed because the write rate (and so how many L0 tables pile up) depends
 on it. Results: bench/results/soak.md
@@ -67,6 +68,8 @@ import psutil  # noqa: E402
 
 import soak  # noqa: E402  (bench/soak.py: Node, _rss_split)
 from engine.errors import SieveError  # noqa: E402
+from engine.iterators import MERGE_BATCH  # noqa: E402
+from engine.memtable import ENTRY_OVERHEAD  # noqa: E402
 from engine.options import Options  # noqa: E402
 from shard.worker import parse_engine_option  # noqa: E402
 
@@ -75,9 +78,11 @@ KEY_BYTES, VALUE_BYTES = 16, 100
 # deploy/README.md "Memory" until session 14 (what this bench was written to check):
 OLD_SHARD, OLD_WORKER, OLD_WORKER_WRITING, OLD_INDEX_SHARE = 70 * MiB, 35 * MiB, 70 * MiB, 0.02
 # ... and since (measured here): a settled shard, a fresh worker, index bytes per data block,
-# bytes a compaction holds per L0 entry on top of its key and value
+# bytes a merge holds per entry on top of its key and value (a compaction holds at most
+# MERGE_BATCH entries per input since session 14), bytes a flush job holds per memtable entry
 NOW_SHARD, NOW_WORKER, NOW_INDEX_PER_BLOCK, NOW_MERGE_PER_ENTRY = 100 * MiB, 35 * MiB, 80, 170
-MEMTABLE_PER_ENTRY = 240  # what memtable_bytes charges per entry beside key and value
+NOW_FLUSH_PER_ENTRY = 500
+MEMTABLE_PER_ENTRY = ENTRY_OVERHEAD  # what memtable_bytes charges per entry beside key and value
 
 
 # --------------------------------------------------------------------------------- data
@@ -282,14 +287,16 @@ def formula_before(opts: Options, table_bytes: int) -> dict:
 
 def formula_now(opts: Options, st: dict) -> tuple[int, int]:
     """deploy/README.md "Memory" now: (a settled shard with what its engine holds at the end,
-    the worst case: full memtables and cache, and every worker merging an L0 backlog at
-    l0_stop_trigger, each L0 table one memtable of this run's entries)."""
+    the worst case: full memtables and cache, and every worker running the larger of a flush
+    of a full memtable and a compaction of l0_stop_trigger L0 tables and one overlapping
+    table, MERGE_BATCH entries held per input)."""
     index = NOW_INDEX_PER_BLOCK * sum(lv["data_blocks"] for lv in st["levels"])
     settled = (NOW_SHARD + st["memtable"]["bytes"] + st["memtable"]["frozen_bytes"]
                + st["block_cache"]["usage_bytes"] + index)
     entry = KEY_BYTES + VALUE_BYTES
-    backlog = opts.l0_stop_trigger * (opts.memtable_bytes // (entry + MEMTABLE_PER_ENTRY))
-    worker = NOW_WORKER + backlog * (entry + NOW_MERGE_PER_ENTRY)
+    per_memtable = opts.memtable_bytes // (entry + MEMTABLE_PER_ENTRY)
+    merge = (opts.l0_stop_trigger + 1) * MERGE_BATCH * (entry + NOW_MERGE_PER_ENTRY)
+    worker = NOW_WORKER + max(merge, per_memtable * NOW_FLUSH_PER_ENTRY)
     worst = (NOW_SHARD + (1 + opts.max_frozen_memtables) * opts.memtable_bytes
              + opts.block_cache_bytes + index + opts.table_workers * worker)
     return settled, worst
@@ -344,8 +351,8 @@ def report(samples: list[dict], opts: Options, st: dict, start: dict, extra: dic
     peak = max(d["total rss*"] for d in run)
     print(f"deploy/README now: settled shard {mib(settled)} (100 MiB + memtable + block cache in use "
           f"+ {NOW_INDEX_PER_BLOCK} B per data block), shard rss* at the end {mib(last['shard rss*'])} = "
-          f"{last['shard rss*'] / settled:.2f}x; worst case {mib(worst)} (workers merging "
-          f"l0_stop_trigger tables), peak rss* {mib(peak)} = {peak / worst:.2f}x")
+          f"{last['shard rss*'] / settled:.2f}x; worst case {mib(worst)} (full memtables and "
+          f"cache, both workers busy), peak rss* {mib(peak)} = {peak / worst:.2f}x")
 
 
 # --------------------------------------------------------------------------------- main

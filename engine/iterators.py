@@ -52,7 +52,10 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
         yield from it
 
 
-def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = 2048) -> Iterator[list[Entry]]:
+MERGE_BATCH = 2048  # entries merge_runs_batched reads from a source at a time
+
+
+def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = MERGE_BATCH) -> Iterator[list[Entry]]:
     """Merge sorted sources; yield sorted lists of entries with one entry per key, newest wins.
 
     Each round reads up to ``batch`` entries from the sources at the frontier (every source on

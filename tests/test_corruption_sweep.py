@@ -52,7 +52,7 @@ from engine.wal import parse_log
 SEED = 6061  # the workload, and (with a per-file salt) which offsets and bits are flipped
 HANG_S = 300  # one damaged copy taking this long is a hang
 OPTS = dict(
-    memtable_bytes=128 * 1024,  # ~500 of these entries (keys + values + 240 each) per memtable
+    memtable_bytes=128 * 1024,  # ~600 of these entries (keys + values + 176 each) per memtable
     block_size=256,  # the smallest: many data blocks per table
     bits_per_key=64.0,  # the largest: 4 KiB partitions fill at ~500 keys, so L1 has several
     table_workers=0,  # no worker processes: ~1000 opens stay cheap

@@ -236,7 +236,7 @@ def test_a_db_flushes_in_new_workers_after_its_workers_exited(tmp_path):
 # ---------------------------------------------------------------------------------------------
 def test_the_smallest_memtable_holds_less_than_one_entry_and_writes_go_on(tmp_path):
     """memtable_bytes=1024 (the minimum) is less than one entry of a 900-byte value plus the
-    240-byte charge: every write fills the memtable, the next one switches it, and writes
+    per-entry charge: every write fills the memtable, the next one switches it, and writes
     neither loop nor stop; every value reads back, before and after a reopen."""
     assert 900 + 5 + ENTRY_OVERHEAD > 1024
     path = str(tmp_path / "db")

@@ -100,7 +100,7 @@ def test_a_steady_load_runs_no_tombstone_compaction_while_it_flushes(tmp_path):
     a 768 KiB memtable: 14-28 per run in session 14; none at the bench's 256 KiB, where L0
     stays over its trigger, hence the control below). With a delay far longer than the run,
     every compaction is size-triggered: L0 goes down by its table count."""
-    # ~125 entries per memtable (keys + values + 240 bytes each)
+    # ~150 entries per memtable (keys + values + 176 bytes each)
     opts = dict(memtable_bytes=44 << 10, max_bytes_for_level_base=128 << 10,
                 target_file_size=16 << 10, filter_policy=None, table_workers=0)
 
