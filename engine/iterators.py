@@ -16,13 +16,16 @@ them, compaction keeps them unless it writes the bottom level).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from heapq import heapify, heappop, heapreplace
 from itertools import islice
+from operator import itemgetter
 from typing import Iterable, Iterator
 
 from .format import KIND_DELETE
 
 Entry = tuple  # (key: bytes, seq: int, kind: int, value: bytes)
+_KEY = itemgetter(0)
 
 
 def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
@@ -64,46 +67,48 @@ def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = MERGE_BATCH)
     below it have been read from every source. A source that runs ahead (an L0 table whose
     ``batch`` entries span the whole key range, a level whose range starts after another's
     ends) is not read again until the frontier reaches its last key, so at most about
-    ``batch`` entries per source wait to be emitted, whatever the sources' sizes. (Until
-    session 14 every live source was read each round, and the entries of one running ahead
-    piled up: a whole level's worth when two levels covered separate ranges.)
+    ``batch`` entries per source wait to be emitted, whatever the sources' sizes. Each source
+    keeps its own waiting entries (sorted, as read); a round cuts each at the bound and sorts
+    only what it emits, runs of the sources that the sort merges: O(log k) comparisons per
+    entry for k sources. (Until session 14 every live source was read each round into one
+    pending list, and the entries of one running ahead piled up: a whole level's worth when
+    two levels covered separate ranges.)
     """
     iters = [iter(s) for s in sources]
     lasts: dict[int, bytes] = {}  # source -> its last key read; the sources not yet exhausted
+    waiting: dict[int, list[Entry]] = {}  # source -> its entries read and not yet emitted
     todo = range(len(iters))  # the sources to read this round
-    pending: list[Entry] = []
     while True:
         for i in todo:
             chunk = list(islice(iters[i], batch))
-            pending.extend(chunk)
+            if chunk:
+                w = waiting.get(i)
+                if w:
+                    w.extend(chunk)
+                else:
+                    waiting[i] = chunk
             if len(chunk) == batch:
                 lasts[i] = chunk[-1][0]
             else:
                 lasts.pop(i, None)  # exhausted
-        # Tuples sort by key, then seq (unique per key): the newest version of a key comes last.
-        # The leftover is sorted and the new chunks are sorted runs: the sort merges runs.
-        pending.sort()
-        if not lasts:
-            if pending:
-                yield _dedup_sorted(pending)
-            return
-        bound = min(lasts.values())
-        cut = _upper_bound(pending, bound)  # everything with key <= bound is complete
-        if cut:
-            out, pending = pending[:cut], pending[cut:]
+        bound = min(lasts.values()) if lasts else None
+        out: list[Entry] = []
+        for i, w in list(waiting.items()):
+            cut = len(w) if bound is None else bisect_right(w, bound, key=_KEY)
+            if cut == len(w):
+                out.extend(w)
+                del waiting[i]
+            elif cut:
+                out.extend(w[:cut])
+                waiting[i] = w[cut:]
+        if out:
+            # Tuples sort by key, then seq (unique per key): the newest version of a key comes
+            # last. ``out`` is the sources' sorted runs one after another: the sort merges them.
+            out.sort()
             yield _dedup_sorted(out)
+        if bound is None:
+            return
         todo = [i for i, last in lasts.items() if last == bound]
-
-
-def _upper_bound(entries: list[Entry], key: bytes) -> int:
-    lo, hi = 0, len(entries)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if entries[mid][0] <= key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _dedup_sorted(entries: list[Entry]) -> list[Entry]:

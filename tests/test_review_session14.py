@@ -1,7 +1,8 @@
 """Review of session 14's engine changes: memtable entries as one bytes record (tag + value,
 e249a3b) and merge_runs_batched reading only the sources at the merge's frontier (a71c788).
 
-Plain tests pin what was checked and found right; xfail(strict) tests pin what is wrong."""
+Plain tests pin what was checked and found right; the two findings, fixed, are plain tests
+headed "Fixed in session 14"."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def test_the_entry_charge_covers_what_an_entry_allocates(klen, vlen):
     assert m.approximate_bytes == n * (klen + vlen + ENTRY_OVERHEAD)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/options.py (memtable_bytes doc) and router/"
-                   "default_config.toml still say 240 bytes per entry; the charge is now 176")
+# Fixed in session 14; was a strict xfail: engine/options.py (memtable_bytes doc) and
+# router/default_config.toml still said 240 bytes per entry when the charge became 176
 def test_the_documented_memtable_charge_is_the_one_applied():
     from router.config import default_config_text
 
@@ -298,9 +299,9 @@ class _CountedKey(bytes):
     __hash__ = bytes.__hash__
 
 
-@pytest.mark.xfail(strict=True, reason="engine/iterators.py merge_runs_batched reads one source "
-                   "per round and re-sorts every pending entry each round: O(k) key comparisons "
-                   "per entry for k interleaved sources (54 at k=36, against 12.5 before a71c788)")
+# Fixed in session 14; was a strict xfail: engine/iterators.py merge_runs_batched read one
+# source per round and re-sorted every pending entry each round: O(k) key comparisons per
+# entry for k interleaved sources (54 at k=36, against 12.5 before the memory fix)
 def test_merging_many_interleaved_sources_costs_log_k_comparisons_per_entry():
     """36 L0 tables of interleaved keys (l0_stop_trigger's count): a merge costs O(log k)
     comparisons per entry (the run-detecting sort: 12.5 here before a71c788; cutting each
