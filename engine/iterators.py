@@ -58,7 +58,8 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
 MERGE_BATCH = 2048  # entries merge_runs_batched reads from a source at a time
 
 
-def merge_runs_batched(sources: list[Iterator[Entry]], batch: int = MERGE_BATCH) -> Iterator[list[Entry]]:
+def merge_runs_batched(sources: list[Iterator[Entry]],
+                       batch: int = MERGE_BATCH) -> Iterator[list[Entry]]:
     """Merge sorted sources; yield sorted lists of entries with one entry per key, newest wins.
 
     Each round reads up to ``batch`` entries from the sources at the frontier (every source on

@@ -64,9 +64,10 @@ Leveled compaction, as in LevelDB/RocksDB:
   session 12, 1.54x in session 11). With the default 60 s, no tombstone compaction runs
   during that load and the held-back work once idle adds nothing measurable: 0.93-1.00x in
   all. On the bench's scaled-down default of 256 KiB, whose flushes (at 240 bytes per
-  memtable entry, the charge when this was measured; 176 since) come faster than L0 -> L1 compactions finish, L0 stays over its target,
-  size-triggered work comes first, and the rule hardly runs during any of its loads even
-  without the delay: 0.97-1.08x without it, 0.89-1.04x with it, the run-to-run noise
+  memtable entry, the charge when this was measured; 176 since) come faster than L0 -> L1
+  compactions finish, L0 stays over its target, size-triggered work comes first, and the
+  rule hardly runs during any of its loads even without the delay: 0.97-1.08x without it,
+  0.89-1.04x with it, the run-to-run noise
   (bench/tombstone_steady_wa.py, bench/results/db.md "Session 14: tombstone compaction write
   amplification, re-measured after the memtable charge"). The price: under a steady load the
   space comes back when the load stops, not during it (a queue's tables at 256 KiB:
