@@ -34,6 +34,8 @@ Per window (the row says how many seconds it covered) and per engine:
              compaction_bytes_written; RocksDB: "Cumulative compaction ... GB write", which
              includes flushes, printed in 0.01 GB steps, so +-5 MiB)
   RSS MiB    the child process and its children (sievekv's table workers), when sampled
+  compaction running   sievekv: stats()["compaction_running"], its levels, input MiB and
+             seconds so far (one compaction at a time); RocksDB: rocksdb.num-running-compactions
 After the last put the child times the drain, until background work is done (sievekv: flush()
 then wait_for_compactions(); RocksDB: flush() then polling until no flush or compaction is
 pending or running), still sampling windows ("drain" rows). Then, untimed, every engine must
@@ -141,6 +143,14 @@ def memtable_bytes(engine_options: dict) -> int:
 # ---------------------------------------------------------------------------------------------
 # engines: open, put, sample, drain, get, close
 # ---------------------------------------------------------------------------------------------
+def _running(r) -> str:
+    """stats()["compaction_running"] in a few characters: levels, input MiB, seconds so far."""
+    if r is None:
+        return "-"
+    return (f"L{r['level']}>L{r['output_level']} {r['input_bytes'] / MiB:.0f} MiB "
+            f"{r['seconds']:.0f}s")
+
+
 class Sievekv:
     name = "sievekv"
 
@@ -158,7 +168,8 @@ class Sievekv:
                 "flushes": st["flushes"], "compactions": st["compactions"],
                 "flush_bytes": st["flush_bytes"],
                 "written": st["flush_bytes"] + st["compaction_bytes_written"],
-                "frozen": st["memtable"]["frozen"]}
+                "frozen": st["memtable"]["frozen"],
+                "running": _running(st["compaction_running"])}
 
     def drain(self):
         self.db.flush()
@@ -247,6 +258,8 @@ class RocksDB:
                                 self.db.property_value("rocksdb.dbstats"))
         s["l0"] = self._int("rocksdb.num-files-at-level0")
         s["frozen"] = self._int("rocksdb.num-immutable-mem-table")
+        n = self._int("rocksdb.num-running-compactions")
+        s["running"] = f"{n} running" if n else "-"
         return s
 
     def busy(self) -> bool:
@@ -430,11 +443,11 @@ def format_row(r: dict) -> str:
     return (f"{r['t']:>7.1f} {r['dt']:>5.1f} {r['phase']:<5} {r['puts'] / r['dt'] if r['dt'] else 0:>9,.0f}"
             f" {_fmt(r['stall_s'], '>8.2f')} {r['l0']:>4} {r['frozen']:>3}"
             f" {_fmt(r['flushes'], '>7')} {_fmt(r['compactions'], '>7')}"
-            f" {_fmt(mib, '>8,.0f')} {r['rss'] / MiB:>7.0f}")
+            f" {_fmt(mib, '>8,.0f')} {r['rss'] / MiB:>7.0f}  {r['running']}")
 
 
 ROW_HEAD = (f"{'t s':>7} {'dt':>5} {'phase':<5} {'puts/s':>9} {'stall s':>8} {'L0':>4} {'imm':>3}"
-            f" {'flushes':>7} {'compact':>7} {'MiB out':>8} {'RSS MiB':>7}")
+            f" {'flushes':>7} {'compact':>7} {'MiB out':>8} {'RSS MiB':>7}  compaction running")
 
 
 def _run_child(args, name: str, path: str) -> dict:

@@ -33,6 +33,7 @@ def test_sustained_fill_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, out + proc.stderr
     for line in ("sustained_fill: 20,000 puts", "sievekv: engine defaults + memtable_bytes=262144",
                  "load average (1/5/15 min): sievekv before", "sievekv per window",
+                 "RSS MiB  compaction running",
                  "puts/s, whole run", "puts/s, last half (sustained)", "puts/s, with the drain",
                  "seconds: drain after the last put", "write stall seconds", "flushes",
                  "compactions", "MiB written: flushes", "MiB written: compactions",
