@@ -51,12 +51,15 @@ from __future__ import annotations
 import errno
 from dataclasses import replace
 import logging
+import threading
 import time
 
 from . import filenames
-from .compaction import compaction_job, execute, max_outputs, pick, plan, raw_input_bytes
+from .compaction import (CompactionResult, compaction_job, execute, max_outputs, pick, plan,
+                         raw_input_bytes)
 from .compaction.births import wall_time
 from .compaction.picker import tombstone_wake_at
+from .compaction.subcompaction import MIN_SPLIT_TARGETS, split, split_points
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import ColumnsOf, MemTable
@@ -418,6 +421,14 @@ class Background:
             topts = replace(topts, creation_time=wall_time(born, time.time(), now))
         job = plan(task, version, self.options, topts, self.path)
         result = None
+        k = self.options.max_subcompactions
+        if (k > 1 and self._pool is not None and not task.trivial_move
+                and task.input_bytes() >= MIN_SPLIT_TARGETS * self.options.target_file_size):
+            split_run = self._run_split(task, job, k, running)
+            if split_run is not None:
+                reserved, result = split_run
+                self._install(task, result, t0, reserved)
+                return
         try:
             if self._pool is not None and not task.trivial_move:
                 job.input_raw_bytes = raw_input_bytes(task, self._tables.get)
@@ -441,8 +452,79 @@ class Background:
                 self._unreserve(job.numbers)
                 self._unreserve(running.outputs)
             raise
+        self._install(task, result, t0, job.numbers)
+
+    def _run_split(self, task, job, k: int, running: RunningCompaction):
+        """Run ``job`` as up to ``k`` key ranges, each in a table worker, at once
+        (engine/compaction/subcompaction.py); returns the combined CompactionResult, or
+        None when the inputs give no split point (the caller runs the job whole). A range
+        whose worker is lost or cannot start runs in a thread of this DB instead, as a whole
+        job would. If any range fails, the others are waited for, every table the ranges
+        wrote is removed and the first error is raised."""
+        points = split_points(task, self._tables.get, k)
+        if not points:
+            return None
+        parts = split(job, points)
+        raw = raw_input_bytes(task, self._tables.get)
+        for part in parts:
+            part.input_raw_bytes = raw
+            part.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(part))]
+            for n in part.numbers:
+                self._reserve(n)
+        taken: list[int] = []  # numbers a range run in this thread took beyond its reserve
+        running.outputs = [n for part in parts for n in part.numbers]
+        results: list = [None] * len(parts)
+        errors: list[BaseException] = []
+
+        def on_number(n: int) -> None:
+            self._reserve(n)
+            taken.append(n)
+
+        def run(i: int) -> None:
+            part = parts[i]
+            try:
+                r = self._in_worker(part.numbers, compaction_job, part)
+                if r is None:
+                    r = execute(part, fs=self._fs, open_table=self._tables.get,
+                                new_number=self._manifest.new_file_number,
+                                on_number=on_number, should_stop=lambda: self._closing)
+                results[i] = r
+            except BaseException as exc:  # noqa: BLE001 (re-raised below, after the join)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,), name=f"sievekv-subcompaction-{i}",
+                                    daemon=True) for i in range(1, len(parts))]
+        for t in threads:
+            t.start()
+        run(0)  # the first range in this thread, which would otherwise only wait
+        for t in threads:
+            t.join()
+        reserved = running.outputs + taken
+        if errors:
+            for r in results:
+                for f in (r.outputs if r is not None else ()):
+                    self._remove_file(filenames.table_file_name(self.path, f.number))
+            if not any(isinstance(e, Cancelled) for e in errors):
+                self._unreserve(reserved)
+            raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+        edit = VersionEdit()
+        for level, number in task.deletions():
+            edit.delete_file(level, number)
+        outputs = [f for r in results for f in r.outputs]
+        for f in outputs:
+            edit.add_file(task.output_level, f)
+        self.counters.subcompactions += len(parts)
+        return reserved, CompactionResult(
+            edit, outputs, bytes_read=task.input_bytes(),
+            bytes_written=sum(f.size for f in outputs),
+            entries_in=sum(f.num_entries for f in task.all_inputs),
+            entries_out=sum(f.num_entries for f in outputs))
+
+    def _install(self, task, result, t0: float, reserved) -> None:
+        """Apply a finished compaction's edit, publish the new version and remove its inputs;
+        ``reserved``: the output numbers reserved for it, released once the edit is applied."""
         with self._version_lock:
-            new_version = self._log_and_apply(result.edit, job.numbers,
+            new_version = self._log_and_apply(result.edit, reserved,
                                               [f.number for f in result.outputs])
             with self._mu:
                 self._version = new_version
@@ -450,7 +532,7 @@ class Background:
                 self._publish()
                 self.counters.note_compaction(task, result, time.perf_counter() - t0)
                 self._bg_cv.notify_all()
-        self._unreserve(job.numbers)
+        self._unreserve(reserved)
         self._unreserve(f.number for f in result.outputs)
         if not task.trivial_move:
             for f in task.all_inputs:

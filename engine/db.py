@@ -169,7 +169,7 @@ class DB(Background):
                                 verify_every_read=opts.verify_every_read,
                                 raise_open_file_limit=opts.raise_open_file_limit)
         # Worker processes need the real file system (a test fs cannot cross processes).
-        self._pool = (shared_pool(opts.table_workers)
+        self._pool = (shared_pool(opts.table_workers + opts.max_subcompactions - 1)
                       if opts.table_workers > 0 and type(fs) is FileSystem else None)
         state = self._recover(fs, path, opts)
         self._lock_file = state.lock

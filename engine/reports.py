@@ -66,6 +66,7 @@ class Counters:
     flush_s: float = 0.0
     compactions: int = 0
     trivial_moves: int = 0
+    subcompactions: int = 0  # key ranges run by compactions split (max_subcompactions > 1)
     compaction_bytes_read: int = 0
     compaction_bytes_written: int = 0
     compaction_entries_in: int = 0
@@ -168,6 +169,7 @@ def stats(db) -> dict:
         "flush_bytes": c.flush_bytes,
         "compactions": c.compactions,
         "trivial_moves": c.trivial_moves,
+        "subcompactions": c.subcompactions,
         "compaction_bytes_read": c.compaction_bytes_read,
         "compaction_bytes_written": c.compaction_bytes_written,
         "compaction_seconds": round(c.compaction_s, 3),

@@ -121,10 +121,19 @@ class DBModelUncompressed(DBModel):
     opts = dict(OPTS, compression="none")
 
 
-for _m in (DBModelZstdPread, DBModelUncompressed):
+class DBModelSubcompactions(DBModel):
+    """Compactions of 4+ target sizes split into 2 key ranges written by table workers at
+    once (engine/compaction/subcompaction.py). table_workers 1 keeps the process's shared
+    pool at its usual 2 workers."""
+
+    opts = dict(OPTS, max_subcompactions=2, table_workers=1)
+
+
+for _m in (DBModelZstdPread, DBModelUncompressed, DBModelSubcompactions):
     _m.TestCase.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
 TestDBModelZstdPread = DBModelZstdPread.TestCase
 TestDBModelUncompressed = DBModelUncompressed.TestCase
+TestDBModelSubcompactions = DBModelSubcompactions.TestCase
 
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd", "none"])

@@ -15,7 +15,9 @@ compactions (one at a time) and protects the output numbers.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from ..filenames import table_file_name
 from ..format import FILTER_PAGE_SIZE
@@ -38,6 +40,7 @@ class CompactionJob:
     table_options: TableOptions
     numbers: list = field(default_factory=list)  # reserved output numbers (worker runs)
     input_raw_bytes: int = 0  # raw_input_bytes() of the task; 0: unknown (stored sizes)
+    bounds: tuple = (None, None)  # (lo, hi): only the keys lo <= key < hi (subcompaction.py)
 
 
 @dataclass
@@ -109,6 +112,8 @@ def max_outputs(job: CompactionJob) -> int:
     return 2 * (size_cuts + gp_cuts) + 8
 
 
+_entry_key = itemgetter(0)
+
 TABLE_FIXED_COST = FILTER_PAGE_SIZE + 256
 """What an output table's size estimate counts besides its data, index and filter bits
 (TableBuilder.estimated_file_size): the filter region's page and the metadata tail."""
@@ -127,9 +132,27 @@ def _level_entries(tables):
         yield from _table_entries(t)
 
 
+def _until(batches, hi):
+    """``batches`` (sorted lists of entries) cut before the first key >= ``hi``."""
+    for batch in batches:
+        if batch[-1][0] >= hi:
+            j = bisect_left(batch, hi, key=_entry_key)
+            if j:
+                yield batch[:j]
+            return
+        yield batch
+
+
+def _overlapping(files, lo, hi):
+    """The FileMeta of ``files`` holding keys in [lo, hi) (None: unbounded)."""
+    return [f for f in files if (lo is None or f.largest >= lo) and (hi is None or f.smallest < hi)]
+
+
 def execute(job: CompactionJob, *, fs, open_table, new_number, on_number=None,
             should_stop=None) -> CompactionResult:
-    """Run ``job``; ``open_table(number)`` returns an open Table for an input file."""
+    """Run ``job``; ``open_table(number)`` returns an open Table for an input file. A job
+    with ``bounds`` (a subcompaction) merges and writes only the inputs' keys in that range;
+    its edit still deletes every input (the caller combines the parts' outputs)."""
     task = job.task
     edit = VersionEdit()
     for level, number in task.deletions():
@@ -138,16 +161,29 @@ def execute(job: CompactionJob, *, fs, open_table, new_number, on_number=None,
         for f in task.inputs:
             edit.add_file(task.output_level, f)
         return CompactionResult(edit, list(task.inputs))
+    lo, hi = job.bounds
+
+    def entries(t):
+        return t.iterate(lo, fill_cache=False)
+
+    def level(files):
+        ts = [open_table(f.number) for f in _overlapping(files, lo, hi)]
+        for t in ts:
+            yield from entries(t)
+
     if task.level == 0:
-        sources = [_table_entries(open_table(f.number)) for f in task.inputs]
+        sources = [entries(open_table(f.number)) for f in _overlapping(task.inputs, lo, hi)]
     else:
-        sources = [_level_entries([open_table(f.number) for f in task.inputs])]
+        sources = [level(task.inputs)]
     for _level, files in task.middle:
-        sources.append(_level_entries([open_table(f.number) for f in files]))
+        sources.append(level(files))
     if task.next_inputs:
-        sources.append(_level_entries([open_table(f.number) for f in task.next_inputs]))
+        sources.append(level(task.next_inputs))
+    merged = merge_runs_batched(sources)
+    if hi is not None:
+        merged = _until(merged, hi)
     outputs = write_tables(
-        fs, job.dirname, merge_runs_batched(sources), new_number=new_number,
+        fs, job.dirname, merged, new_number=new_number,
         table_options=job.table_options, target_file_size=job.target_file_size,
         grandparents=job.grandparents, max_grandparent_overlap=job.max_grandparent_overlap,
         drop_tombstones=task.bottommost, on_number=on_number, should_stop=should_stop)

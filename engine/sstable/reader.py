@@ -392,6 +392,10 @@ class Table:
             raise CorruptionError(f"bad entry kind {kind}", path=self.path, offset=offset)
         return tag >> 8, kind, data[vs + 8 : ve]
 
+    def block_separators(self) -> list:
+        """The index's separator keys, one per data block (a sample of the key distribution)."""
+        return list(self._index_keys)
+
     # -- scans -------------------------------------------------------------------------------
     def iterate(self, start: bytes | None = None, *, fill_cache: bool = True
                 ) -> Iterator[tuple[bytes, int, int, bytes]]:
