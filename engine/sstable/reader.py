@@ -413,9 +413,9 @@ class Table:
         """Lists of entries ``(key, seq, kind, value)`` in key order from the first key >=
         ``start``, the next decoded when the one before it has been taken: the first list holds
         the entries of ``SCAN_FIRST_RESTARTS`` restart intervals from the seek's restart point
-        (the block's first if ``start`` is None), each next one up to twice as many, until a
-        list is the rest of a block and then one whole block each. So a short scan decodes a
-        few entries and a long one pays a call per block
+        (the block's first if ``start`` is None), each next one twice as many (a list ends at
+        its block's end), until one list is one whole block. So a short scan decodes a few
+        entries and a long one pays a call per block
         (:func:`~engine.sstable.block.restart_entries`). A damaged block raises CorruptionError
         naming the file and the block's offset (its checksum is verified when it is read from
         the file, as every read's is)."""
