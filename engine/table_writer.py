@@ -15,7 +15,10 @@ Thread safety: a call uses only its own files; many calls may run at once.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from bisect import bisect_right
+from itertools import islice
+from operator import itemgetter
+from typing import Callable, Iterable, Iterator
 
 from .errors import SieveError
 from .filenames import table_file_name
@@ -29,6 +32,25 @@ SIZE_CHECK_EVERY = 32
 SIZE_CHECK_FRACTION = 32
 """...or sooner, once the entries added since the last check hold 1/32 of the target file size
 (large values: an output then overshoots its target by about one entry, not 31)."""
+
+
+_entry_key = itemgetter(0)  # an entry's key: (key, seq, kind, value)
+
+LIST_BATCH = 2048
+"""Entries taken at a time from a batch given as an iterator (a flush job's, which slices each
+value from the memtable's buffer only when its entry is reached): lists of this many."""
+
+
+def _as_lists(batches: Iterable) -> Iterator[list]:
+    """Each batch as a list; one given as another iterable is cut into lists of LIST_BATCH,
+    so that it is never held whole."""
+    for batch in batches:
+        if type(batch) is list:
+            yield batch
+        else:
+            it = iter(batch)
+            while chunk := list(islice(it, LIST_BATCH)):
+                yield chunk
 
 
 class Cancelled(Exception):
@@ -77,8 +99,9 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
                  drop_tombstones: bool = False,
                  on_number: Callable[[int], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> list[FileMeta]:
-    """Write ``batches`` (lists of (key, seq, kind, value), keys increasing across batches)
-    into synced tables; return their FileMeta in key order (empty list if nothing was left).
+    """Write ``batches`` (lists, or other iterables, of (key, seq, kind, value), keys increasing
+    across batches) into synced tables; return their FileMeta in key order (empty list if
+    nothing was left).
 
     ``new_number()`` reserves a file number per table (``on_number(n)`` is told each one so
     the caller can protect it from obsolete-file sweeps). ``drop_tombstones``: tombstones are
@@ -122,16 +145,23 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
     try:
         since_check = since_bytes = 0
         check_bytes = (target_file_size // SIZE_CHECK_FRACTION) if target_file_size else 0
-        for batch in batches:
+        ngp = len(gp)
+        for batch in _as_lists(batches):
             if should_stop is not None and should_stop():
                 raise Cancelled()
+            if drop_tombstones:
+                batch = [e for e in batch if e[2] != KIND_DELETE]
             b = state["builder"]  # this loop keeps b in step with state["builder"]
-            add = b.add if b is not None else None
-            for key, seq, kind, value in batch:
-                if drop_tombstones and kind == KIND_DELETE:
-                    continue
+            # Each round adds a run of entries with one add_many call: the entries up to the
+            # next grandparent boundary, the next size check, or the batch's end. What the
+            # rules decide per entry (a grandparent cut, a new table, a size check) happens at
+            # a run's first entry or after its last, as if each entry were added alone.
+            i, n = 0, len(batch)
+            while i < n:
+                run_end = n
                 if gp:
-                    while gi < len(gp) and key > gp[gi].largest:
+                    key = batch[i][0]
+                    while gi < ngp and key > gp[gi].largest:
                         if seen_key:
                             overlapped += gp[gi].size
                         gi += 1
@@ -140,19 +170,26 @@ def write_tables(fs, dirname: str, batches: Iterable[list], *,
                         finish_current()
                         overlapped = 0
                         b = None
+                    if gi < ngp:  # the run stops before the first key past this grandparent
+                        run_end = bisect_right(batch, gp[gi].largest, i + 1, n, key=_entry_key)
+                    if b is None and gp_limit is not None and overlapped > gp_limit:
+                        run_end = i + 1  # the next entry cuts the table this one opens
                 if b is None:
                     open_next()
                     b = state["builder"]
-                    add = b.add
-                add(key, seq, kind, value)
-                if target_file_size is not None:
-                    since_check += 1
-                    since_bytes += len(key) + len(value)
-                    if since_check >= SIZE_CHECK_EVERY or since_bytes >= check_bytes:
-                        since_check = since_bytes = 0
-                        if b.estimated_file_size() >= target_file_size:
-                            finish_current()
-                            b = None
+                if target_file_size is None:
+                    i = b.add_many(batch, i, run_end)[0]
+                    continue
+                j, added = b.add_many(batch, i, min(run_end, i + SIZE_CHECK_EVERY - since_check),
+                                      check_bytes - since_bytes)
+                since_check += j - i
+                since_bytes += added
+                i = j
+                if since_check >= SIZE_CHECK_EVERY or since_bytes >= check_bytes:
+                    since_check = since_bytes = 0
+                    if b.estimated_file_size() >= target_file_size:
+                        finish_current()
+                        b = None
         if state["builder"] is not None:
             finish_current()
         if outputs:

@@ -16,13 +16,15 @@ import time
 
 from ..errors import InvalidArgumentError
 from ..filters import get_policy
-from ..format import (BLOCK_TRAILER_SIZE, BLOCK_TYPE_FILTER_INDEX,
+from ..format import (BLOCK_HASH_MAX_ENTRIES, BLOCK_HASH_SLOTS_PER_ENTRY,
+                      BLOCK_TRAILER_SIZE, BLOCK_TYPE_FILTER_INDEX,
                       BLOCK_TYPE_INDEX, BLOCK_TYPE_METAINDEX, BLOCK_TYPE_PROPERTIES, ENTRY_TAG,
                       FILTER_PAGE_SIZE, KIND_DELETE, KIND_VALUE, MAX_SEQUENCE,
                       META_FILTER_INDEX, META_PROPERTIES, TABLE_FORMAT_VERSION,
                       TABLE_FORMAT_VERSION_HASHED, TABLE_FORMAT_VERSION_PLAIN)
 from ..vfs import WritableFile
 from .block_builder import BlockBuilder
+from .coding import put_varint
 from .compression import compression_code, seal_data
 from .filter_builder import PartitionedFilterBuilder, round_up_pages
 from .footer import Footer
@@ -73,39 +75,122 @@ class TableBuilder:
     def add(self, key: bytes, seq: int, kind: int, value: bytes) -> None:
         """Append an entry. REQUIRES: ``key`` > every key added before, ``kind`` in
         (KIND_DELETE, KIND_VALUE), ``0 <= seq < 2**56``; else InvalidArgumentError."""
+        self.add_many(((key, seq, kind, value),), 0, 1)
+
+    def add_many(self, entries, start: int, stop: int,
+                 max_bytes: int | None = None) -> tuple[int, int]:
+        """Append ``entries[start:stop]`` (``(key, seq, kind, value)`` tuples) as :meth:`add`
+        of each would; an entry :meth:`add` rejects raises its error, the entries before it
+        staying added. Stops early after the entry that brings the key + value bytes added
+        by this call to ``max_bytes`` or more. Returns ``(index after the last entry added,
+        key + value bytes added)``.
+
+        The bulk path of flushes and compactions (engine/table_writer.py): one loop checks
+        each entry, encodes it into the block (inline for restart interval 1, the default;
+        through BlockBuilder.add otherwise), collects its key for the filter and counts it in
+        the properties (bench/results/db.md, "Session 15: compaction CPU").
+        """
         if self._done:
             raise InvalidArgumentError("table builder already finished or abandoned")
-        if type(key) is not bytes:
-            key = bytes(key)
-        if type(value) is not bytes:
-            value = bytes(value)
-        last = self._last_key
-        if last is not None and key <= last:
-            raise InvalidArgumentError(f"key {key[:32]!r} is not greater than {last[:32]!r}")
-        if kind != KIND_VALUE and kind != KIND_DELETE:
-            raise InvalidArgumentError(f"bad entry kind {kind!r}")
-        if not 0 <= seq <= MAX_SEQUENCE:
-            raise InvalidArgumentError(f"sequence number {seq!r} out of range")
-        if self._pending is not None:
-            self._end_block(shortest_separator(last, key))
-        if self._filter is not None:
-            self._filter.add_key(key)
-        size = self._block.add(key, _pack_tag(seq << 8 | kind) + value)
-        self._last_key = key
-        self.num_entries += 1
+        blk = self._block
+        inline = blk._interval == 1
+        limit = max_bytes if max_bytes is not None else -1
+        block_size = self._block_size
+        hashing = blk._hash
+        fb = self._filter
         p = self._props
-        if last is None:
-            p.smallest_key = key
-        p.raw_key_bytes += len(key)
-        p.raw_value_bytes += len(value)
-        if kind == KIND_DELETE:
-            p.num_tombstones += 1
-        if seq < p.smallest_seq:
-            p.smallest_seq = seq
-        if seq > p.largest_seq:
-            p.largest_seq = seq
-        if size >= self._block_size:
-            self._flush()
+        pack_tag = _pack_tag
+        buf = blk._buf
+        restarts = blk._restarts
+        bkeys = blk._keys
+        fkeys: list[bytes] = []  # keys of the current block not yet given to the filter
+        nent = blk.num_entries
+        last = self._last_key
+        kbytes = vbytes = tombstones = 0
+        small_seq, large_seq = p.smallest_seq, p.largest_seq
+        added = 0
+        nbytes = 0
+        i = start
+        try:
+            while i < stop:
+                key, seq, kind, value = entries[i]
+                if type(key) is not bytes:
+                    key = bytes(key)
+                if type(value) is not bytes:
+                    value = bytes(value)
+                if last is not None and key <= last:
+                    raise InvalidArgumentError(
+                        f"key {key[:32]!r} is not greater than {last[:32]!r}")
+                if kind != KIND_VALUE and kind != KIND_DELETE:
+                    raise InvalidArgumentError(f"bad entry kind {kind!r}")
+                if not 0 <= seq <= MAX_SEQUENCE:
+                    raise InvalidArgumentError(f"sequence number {seq!r} out of range")
+                if self._pending is not None:
+                    self._end_block(shortest_separator(last, key))
+                elif last is None:
+                    p.smallest_key = key
+                fkeys.append(key)
+                nk = len(key)
+                nv = len(value)
+                if inline:  # BlockBuilder.add's restart-interval-1 path, inlined
+                    if nent:
+                        restarts.append(len(buf))
+                    if nk < 0x80 and nv < 0x78:  # one-byte varints (nv + 8 < 0x80)
+                        buf.append(0)
+                        buf.append(nk)
+                        buf.append(nv + 8)
+                    else:
+                        buf.append(0)
+                        put_varint(buf, nk)
+                        put_varint(buf, nv + 8)
+                    buf += key
+                    buf += pack_tag(seq << 8 | kind)
+                    buf += value
+                    nent += 1
+                    size = len(buf) + 4 * len(restarts) + 4
+                    if hashing:
+                        bkeys.append(key)
+                        if nent <= BLOCK_HASH_MAX_ENTRIES:
+                            size += BLOCK_HASH_SLOTS_PER_ENTRY * nent + 2
+                else:
+                    size = blk.add(key, pack_tag(seq << 8 | kind) + value)
+                    nent = blk.num_entries
+                last = key
+                if kind == KIND_DELETE:
+                    tombstones += 1
+                kbytes += nk
+                vbytes += nv
+                if seq < small_seq:
+                    small_seq = seq
+                if seq > large_seq:
+                    large_seq = seq
+                added += 1
+                i += 1
+                if size >= block_size:
+                    blk.num_entries = nent
+                    if fb is not None:
+                        fb.add_keys(fkeys)
+                        fkeys = []
+                    self._flush()  # resets the block: new buffers
+                    buf = blk._buf
+                    restarts = blk._restarts
+                    bkeys = blk._keys
+                    nent = 0
+                nbytes += nk + nv
+                if nbytes >= limit >= 0:
+                    break
+        finally:
+            blk.num_entries = nent
+            if fb is not None and fkeys:
+                fb.add_keys(fkeys)
+            self._last_key = last
+            self.num_entries += added
+            p.raw_key_bytes += kbytes
+            p.raw_value_bytes += vbytes
+            p.num_tombstones += tombstones
+            p.smallest_seq = small_seq
+            p.largest_seq = large_seq
+        return i, nbytes
 
     def _flush(self) -> None:
         contents = self._block.finish()

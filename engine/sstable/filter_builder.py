@@ -66,6 +66,11 @@ class PartitionedFilterBuilder:
         self._keys.append(key)
         self._num_keys += 1
 
+    def add_keys(self, keys: list) -> None:
+        """:meth:`add_key` of each of ``keys``, in order."""
+        self._keys.extend(keys)
+        self._num_keys += len(keys)
+
     def end_block(self, separator: bytes) -> None:
         """The data block whose keys were just added ended; ``separator`` is its index key."""
         self._blocks_in_partition += 1
