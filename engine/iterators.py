@@ -7,7 +7,7 @@ and the others are dropped. Tombstones are passed through (the caller hides them
 them, compaction keeps them unless it writes the bottom level).
 
 - :func:`merge_newest` is a lazy k-way heap merge (scans: cheap to start, cost per entry
-  O(log k)).
+  O(log k); a single source is passed through as it is).
 - :func:`merge_runs_batched` merges in batches with ``list.sort`` (compaction: throughput; the
   sort runs in C and detects the already-sorted runs, so a batch costs O(m log k)).
 - :func:`concat_tables` walks the tables of one sorted level from a start key.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from heapq import heapify, heappop, heapreplace
-from itertools import islice
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Iterable, Iterator
 
@@ -29,13 +29,26 @@ _KEY = itemgetter(0)
 
 
 def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
-    """Merge sorted sources into one sorted stream with one entry per key (largest seq wins)."""
+    """Merge sorted sources into one sorted stream with one entry per key (largest seq wins).
+
+    Reads the first entry of every source when called (so call it where the scan starts). When
+    at most one source has entries (a settled DB, a scan inside one level's range) the result
+    is that source itself, behind its first entry (``itertools.chain``: no Python frame per
+    entry); otherwise a lazy heap merge, O(log k) per entry for k sources.
+    """
     heap = []
     for i, src in enumerate(sources):
         it = iter(src)
         for e in it:
             heap.append((e[0], -e[1], i, e, it))
             break
+    if len(heap) <= 1:
+        return chain((heap[0][3],), heap[0][4]) if heap else iter(())
+    return _heap_merge(heap)
+
+
+def _heap_merge(heap: list) -> Iterator[Entry]:
+    """:func:`merge_newest` of the primed sources in ``heap`` (at least two)."""
     heapify(heap)
     last_key = None
     while len(heap) > 1:
@@ -48,7 +61,7 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
             heappop(heap)
         else:
             heapreplace(heap, (nxt[0], -nxt[1], i, nxt, it))
-    if heap:  # one source left (the common case for a settled DB): no heap work per entry
+    if heap:  # one source left: no heap work per entry
         key, _nseq, _i, e, it = heap[0]
         if key != last_key:
             yield e
@@ -127,14 +140,16 @@ def _dedup_sorted(entries: list[Entry]) -> list[Entry]:
 
 
 def concat_tables(tables, start: bytes | None = None) -> Iterator[Entry]:
-    """Entries of non-overlapping ``tables`` (sorted by key range) from ``start`` on."""
-    first = True
+    """Entries of non-overlapping ``tables`` (sorted by key range) from ``start`` on: each
+    table's blocks' entry lists (``Table.blocks``) chained, a table opened for reading only
+    when the one before it is used up."""
+    return chain.from_iterable(_level_blocks(tables, start))
+
+
+def _level_blocks(tables, start):
     for t in tables:
-        if first:
-            first = False
-            yield from t.iterate(start)
-        else:
-            yield from t.iterate()
+        yield from t.blocks(start)
+        start = None
 
 
 def live_items(entries: Iterator[Entry], end: bytes | None = None,

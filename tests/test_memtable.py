@@ -157,13 +157,14 @@ def test_batched_merge_equals_heap_merge_on_random_runs():
 
 
 class _FakeTable:
-    """A sorted list standing in for a table's iterate(start) (the iterator is what is tested)."""
+    """A sorted list standing in for a table's blocks(start) (the iterator is what is tested):
+    one list per entry, so concat_tables chains several lists per table."""
 
     def __init__(self, entries):
         self.entries = entries
 
-    def iterate(self, start=None):
-        return iter([e for e in self.entries if start is None or e[0] >= start])
+    def blocks(self, start=None):
+        return iter([[e] for e in self.entries if start is None or e[0] >= start])
 
 
 def test_concat_tables_starts_in_the_right_table():

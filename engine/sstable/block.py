@@ -8,6 +8,11 @@ raises :class:`CorruptionError` naming the file and the block's offset, never In
 Lookups binary-search the restart points (whose keys are stored whole) and then scan at most
 one restart interval: O(log(restarts) + restart_interval) entry decodes. :meth:`get_whole` is
 the fast path for blocks written with restart interval 1 (a pure binary search).
+
+Scans do not build a Block: :func:`restart_entries` decodes a run of restart intervals of a
+data block into a list of ``(key, seq, kind, value)`` in one loop (``Table.blocks``), after
+:func:`block_layout` (the constructor's O(1) checks) and :func:`seek_restart`.
+
 Immutable after construction, so one Block may be shared by many threads (the block cache does).
 """
 
@@ -20,17 +25,50 @@ from typing import Iterator
 import mmh3
 
 from ..errors import CorruptionError
-from ..format import BLOCK_HASH_FLAG, BLOCK_HASH_SEED
+from ..format import BLOCK_HASH_FLAG, BLOCK_HASH_SEED, ENTRY_TAG, KIND_DELETE, KIND_VALUE
 from .coding import get_varint as _varint
 
 _U32 = struct.Struct("<I")
 _u32_at = _U32.unpack_from
 _u16_at = struct.Struct("<H").unpack_from
 _hash = mmh3.hash
+_tag_at = ENTRY_TAG.unpack_from
 
 # The restart array is read in place as native u32s (a cast memoryview: no per-offset
 # decoding at construction) where native order is the format's little-endian.
 _NATIVE_U32 = sys.byteorder == "little" and struct.calcsize("I") == 4
+
+
+def block_layout(data: bytes, path: str | None = None, offset: int | None = None
+                 ) -> tuple[int, int]:
+    """``(entries_end, restart_count)`` of the block contents ``data``: where the entries end
+    (the restart array begins) and how many restart points there are, after O(1) checks (the
+    restart count and the hash index's slot count fit the block; the first restart point is 0
+    and the last lies inside the entries). CorruptionError naming ``path`` and ``offset``
+    otherwise. What every :class:`Block` and every scan of a block (``Table.blocks``) checks
+    first."""
+    n = len(data)
+    if n < 4:
+        raise CorruptionError("block: block shorter than its restart count", path=path,
+                              offset=offset)
+    num = _u32_at(data, n - 4)[0]
+    end = n - 4  # where the restart array ends
+    if num & BLOCK_HASH_FLAG:  # a hash index sits between the restarts and the count
+        num &= ~BLOCK_HASH_FLAG
+        slots = _u16_at(data, n - 6)[0] if n >= 6 else 0
+        end = n - 6 - slots
+        if slots <= num or end < 0:
+            raise CorruptionError(f"block: bad hash index ({slots} slots, {num} restarts)",
+                                  path=path, offset=offset)
+    if num < 1 or num > end // 4:
+        raise CorruptionError(f"block: bad restart count {num}", path=path, offset=offset)
+    limit = end - 4 * num
+    # The others are bounds-checked when a lookup reads them (an offset past the entries
+    # raises CorruptionError), not sorted again on every block read: the checksum already
+    # vouches for what the writer wrote.
+    if _u32_at(data, limit)[0] != 0 or (limit and _u32_at(data, end - 4)[0] >= limit):
+        raise CorruptionError("block: bad restart array", path=path, offset=offset)
+    return limit, num
 
 
 class Block:
@@ -40,30 +78,12 @@ class Block:
         self.data = data
         self.path = path
         self.offset = offset
-        n = len(data)
-        if n < 4:
-            raise self._corrupt("block shorter than its restart count")
-        num = _u32_at(data, n - 4)[0]
-        end = n - 4  # where the restart array ends
-        if num & BLOCK_HASH_FLAG:  # a hash index sits between the restarts and the count
-            num &= ~BLOCK_HASH_FLAG
-            slots = _u16_at(data, n - 6)[0] if n >= 6 else 0
-            end = n - 6 - slots
-            if slots <= num or end < 0:
-                raise self._corrupt(f"bad hash index ({slots} slots, {num} restarts)")
-        if num < 1 or num > end // 4:
-            raise self._corrupt(f"bad restart count {num}")
-        self._restarts_at = limit = end - 4 * num
+        limit, num = block_layout(data, path, offset)
+        self._restarts_at = limit
         if _NATIVE_U32:
-            rs = memoryview(data)[limit:end].cast("I")
+            rs = memoryview(data)[limit:limit + 4 * num].cast("I")
         else:  # pragma: no cover - big-endian hosts
             rs = struct.unpack_from(f"<{num}I", data, limit)
-        # O(1) checks here: the first restart point is 0 and the last lies inside the entries
-        # (an empty block has the single restart point 0). The others are bounds-checked when
-        # a lookup reads them (an offset past the entries raises CorruptionError), not sorted
-        # again on every block read: the checksum already vouches for what the writer wrote.
-        if rs[0] != 0 or (limit and rs[-1] >= limit):
-            raise self._corrupt("bad restart array")
         self._restarts = rs
 
     def __len__(self) -> int:
@@ -354,3 +374,115 @@ def find_hashed(buf, start: int, end: int, target: bytes, path: str | None = Non
     except (IndexError, ValueError, struct.error):
         raise CorruptionError("block: bad hash index or entry", path=path,
                               offset=offset) from None
+
+
+def seek_restart(data: bytes, limit: int, num: int, start: bytes | None,
+                 path: str | None = None, offset: int | None = None) -> int:
+    """Index of the last restart point whose key is < ``start`` (0 if none, or if ``start`` is
+    None): where decoding starts to reach the first key >= ``start``. ``limit`` and ``num``
+    are :func:`block_layout`'s. O(log(num)); CorruptionError on a malformed restart point."""
+    if start is None or num == 1:
+        return 0
+    return _seek(data, limit, num, start, path, offset)
+
+
+def restart_entries(data: bytes, limit: int, num: int, first: int, stop: int,
+                    start: bytes | None = None, path: str | None = None,
+                    offset: int | None = None) -> list[tuple[bytes, int, int, bytes]]:
+    """The entries of restart intervals ``first`` to ``stop - 1`` (``stop`` past ``num``: to
+    the end of the entries) of the data block contents ``data`` (verified, decompressed), as
+    ``(key, seq, kind, value)`` in key order, without those whose key is < ``start``: the
+    scan path (``Table.blocks``), one loop per call instead of a generator step, a ``Block``
+    and a decode call per entry. ``limit`` and ``num`` are :func:`block_layout`'s.
+
+    Every entry decoded is checked: a malformed one (a header, key or value past the
+    entries, a shared prefix longer than the key before, a value shorter than its 8-byte
+    tag, a kind other than value or tombstone: docs/format.md "Data blocks"), or a last entry
+    that does not end where restart point ``stop`` begins, raises CorruptionError naming
+    ``path`` and ``offset`` before any entry of the call is returned. O(entries decoded).
+    """
+    try:
+        pos = _u32_at(data, limit + 4 * first)[0]
+        end = _u32_at(data, limit + 4 * stop)[0] if stop < num else limit
+    except struct.error:
+        pos = end = -1
+    if not 0 <= pos <= end <= limit:
+        raise CorruptionError("block: restart point outside the entries", path=path,
+                              offset=offset)
+    out = []
+    if _decode(data, pos, end, limit, out, path, offset) != end:
+        raise CorruptionError(f"block: restart point {end} inside an entry", path=path,
+                              offset=offset)
+    if start is not None and out and out[0][0] < start:
+        # at most one restart interval's entries: decoding began at the last restart point
+        # before start
+        i = 1
+        n = len(out)
+        while i < n and out[i][0] < start:
+            i += 1
+        del out[:i]
+    return out
+
+
+def _seek(data, limit: int, num: int, start: bytes, path, offset) -> int:
+    """Index of the last restart point whose key is < ``start`` (0 if none)."""
+    lo, hi = 0, num - 1
+    try:
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            p = _u32_at(data, limit + 4 * mid)[0]
+            if p >= limit:
+                raise ValueError
+            kl = data[p + 1]
+            if data[p] or (kl | data[p + 2]) > 0x7F:
+                shared, q = _varint(data, p, limit)
+                kl, q = _varint(data, q, limit)
+                q = _varint(data, q, limit)[1]
+                if shared or q + kl > limit:  # a restart point's key is whole
+                    raise ValueError
+                key = data[q : q + kl]
+            else:
+                key = data[p + 3 : p + 3 + kl]
+            if key < start:
+                lo = mid
+            else:
+                hi = mid - 1
+    except (IndexError, ValueError):
+        raise CorruptionError("block: bad restart point", path=path, offset=offset) from None
+    return lo
+
+
+def _decode(data, pos: int, stop: int, limit: int, out: list, path, offset) -> int:
+    """Append to ``out`` the entries ``(key, seq, kind, value)`` from the restart point at
+    ``pos`` until ``stop`` (a later restart point, or ``limit``, where the entries end);
+    return where the last one ends. Raises CorruptionError on a malformed entry."""
+    append = out.append
+    key = b""
+    try:
+        while pos < stop:
+            shared = data[pos]
+            kl = data[pos + 1]
+            vl = data[pos + 2]
+            if (shared | kl | vl) < 0x80:
+                pos += 3
+            else:
+                shared, pos = _varint(data, pos, limit)
+                kl, pos = _varint(data, pos, limit)
+                vl, pos = _varint(data, pos, limit)
+            kend = pos + kl
+            vend = kend + vl
+            if vend > limit or shared > len(key):
+                raise ValueError
+            if vl < 8:
+                raise CorruptionError("entry shorter than its tag", path=path, offset=offset)
+            key = key[:shared] + data[pos:kend] if shared else data[pos:kend]
+            tag = _tag_at(data, kend)[0]
+            kind = tag & 0xFF
+            if kind != KIND_VALUE and kind != KIND_DELETE:
+                raise CorruptionError(f"bad entry kind {kind}", path=path, offset=offset)
+            append((key, tag >> 8, kind, data[kend + 8 : vend]))
+            pos = vend
+    except (IndexError, ValueError, struct.error):
+        raise CorruptionError(f"block: bad entry at block offset {pos}", path=path,
+                              offset=offset) from None
+    return pos

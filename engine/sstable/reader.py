@@ -72,7 +72,8 @@ from ..format import (BLOCK_COMPRESSION_SHIFT, BLOCK_HASH_FLAG, BLOCK_KIND_MASK,
                       ENTRY_TAG, KIND_DELETE, KIND_VALUE, META_FILTER_INDEX, META_PROPERTIES,
                       TABLE_FOOTER_SIZE)
 from ..vfs import FileSystem
-from .block import Block, find_hashed, find_whole
+from .block import (Block, block_layout, find_hashed, find_whole, restart_entries,
+                    seek_restart)
 from .filter_builder import round_up_pages
 from .filter_reader import PartitionedFilter
 from .footer import Footer
@@ -88,6 +89,10 @@ _DATA_TYPE_BYTE = bytes((BLOCK_TYPE_DATA,))
 _crc_value = google_crc32c.value
 _crc_extend = google_crc32c.extend
 _anonymous_ids = itertools.count(1)
+_chain_lists = itertools.chain.from_iterable
+SCAN_FIRST_RESTARTS = 4
+"""Restart intervals decoded into a scan's first list (``Table.blocks``): 4 entries with
+restart interval 1, so a seek that reads one entry decodes a few, not its whole block."""
 
 
 def _filter_decoder(name: str, params: dict):
@@ -399,37 +404,59 @@ class Table:
     # -- scans -------------------------------------------------------------------------------
     def iterate(self, start: bytes | None = None, *, fill_cache: bool = True
                 ) -> Iterator[tuple[bytes, int, int, bytes]]:
-        """Yield ``(key, seq, kind, value)`` in key order from the first key >= ``start``.
+        """Entries ``(key, seq, kind, value)`` in key order from the first key >= ``start``.
 
         Reads blocks through the block cache (``fill_cache=False``: do not insert what a scan
-        reads, e.g. for compaction).
+        reads, e.g. for compaction), a block when the entries before it are used up: the
+        lists of :meth:`blocks` chained (``itertools.chain``: no Python frame per entry).
         """
-        first = 0 if start is None else bisect_left(self._index_keys, start)
-        decode = self._decode
-        for i in range(first, self._nblocks):
-            block = self._data_block(i, fill_cache)
-            data = block.data
-            offset = block.offset
-            for key, vs, ve in block.entries(start if i == first else None):
-                seq, kind, value = decode(data, vs, ve, offset)
-                yield key, seq, kind, value
+        return _chain_lists(self.blocks(start, fill_cache))
 
-    def _data_block(self, i: int, fill_cache: bool = True) -> Block:
-        """Data block ``i`` as a :class:`Block` (for scans), through the block cache
-        (``fill_cache=False``: a block read from the file is not inserted)."""
+    def blocks(self, start: bytes | None = None, fill_cache: bool = True
+               ) -> Iterator[list[tuple[bytes, int, int, bytes]]]:
+        """Lists of entries ``(key, seq, kind, value)`` in key order from the first key >=
+        ``start``, the next decoded when the one before it has been taken: the first list holds
+        the entries of ``SCAN_FIRST_RESTARTS`` restart intervals from the seek's restart point
+        (the block's first if ``start`` is None), each next one twice as many (a list ends at
+        its block's end), until one list is one whole block. So a short scan decodes a few
+        entries and a long one pays a call per block
+        (:func:`~engine.sstable.block.restart_entries`). A damaged block raises CorruptionError
+        naming the file and the block's offset (its checksum is verified when it is read from
+        the file, as every read's is)."""
+        n = self._nblocks
+        i = 0 if start is None else bisect_left(self._index_keys, start)
+        path = self.path
+        offsets = self._offsets
+        step = SCAN_FIRST_RESTARTS
+        while i < n:
+            data = self._scan_contents(i, fill_cache)
+            off = offsets[i]
+            limit, num = block_layout(data, path, off)
+            r = seek_restart(data, limit, num, start, path, off)
+            while r < num:
+                yield restart_entries(data, limit, num, r, r + step, start, path, off)
+                start = None
+                r += step
+                if step < num:
+                    step *= 2
+            i += 1
+
+    def _scan_contents(self, i: int, fill_cache: bool = True) -> bytes:
+        """Data block ``i``'s verified (decompressed) contents for a scan, through the block
+        cache (``fill_cache=False``: a block read from the file is not inserted)."""
         self.scan_blocks_read += 1
         cache = self._scan_cache
-        offset = self._offsets[i]
         if cache is not None:
             ck = self._cache_base + self._offsets[i]
             got = cache.get(ck)
             if got is not None:  # interval-1 tables cache the contents, others the Block
-                return Block(got, path=self.path, offset=offset) if self._whole else got
+                return got if self._whole else got.data
         contents = self._read_contents(i, False)
-        block = Block(contents, path=self.path, offset=offset)
         if cache is not None and fill_cache:
-            cache.insert(ck, contents if self._whole else block, len(contents))
-        return block
+            cache.insert(ck, contents if self._whole else
+                         Block(contents, path=self.path, offset=self._offsets[i]),
+                         len(contents))
+        return contents
 
     def _read_contents(self, i: int, mapped: bool = True) -> bytes:
         """Read data block ``i``'s contents and verify its trailer: from the mapping if the
