@@ -471,14 +471,15 @@ class Background:
             part.numbers = [self._manifest.new_file_number() for _ in range(max_outputs(part))]
             for n in part.numbers:
                 self._reserve(n)
-        taken: list[int] = []  # numbers a range run in this thread took beyond its reserve
+        # Every number the ranges may write: reserved up front, then those a range rerun in a
+        # thread allocates as it goes (progress in stats() reads the tables so named).
         running.outputs = [n for part in parts for n in part.numbers]
         results: list = [None] * len(parts)
         errors: list[BaseException] = []
 
         def on_number(n: int) -> None:
             self._reserve(n)
-            taken.append(n)
+            running.outputs.append(n)
 
         def run(i: int) -> None:
             part = parts[i]
@@ -499,7 +500,7 @@ class Background:
         run(0)  # the first range in this thread, which would otherwise only wait
         for t in threads:
             t.join()
-        reserved = running.outputs + taken
+        reserved = list(running.outputs)
         if errors:
             for r in results:
                 for f in (r.outputs if r is not None else ()):
