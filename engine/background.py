@@ -426,8 +426,10 @@ class Background:
                 and task.input_bytes() >= MIN_SPLIT_TARGETS * self.options.target_file_size):
             split_run = self._run_split(task, job, k, running)
             if split_run is not None:
-                reserved, result = split_run
+                reserved, result, ranges = split_run
                 self._install(task, result, t0, reserved)
+                with self._mu:
+                    self.counters.subcompactions += ranges
                 return
         try:
             if self._pool is not None and not task.trivial_move:
@@ -456,10 +458,10 @@ class Background:
 
     def _run_split(self, task, job, k: int, running: RunningCompaction):
         """Run ``job`` as up to ``k`` key ranges, each in a table worker, at once
-        (engine/compaction/subcompaction.py); returns the combined CompactionResult, or
-        None when the inputs give no split point (the caller runs the job whole). A range
-        whose worker is lost or cannot start runs in a thread of this DB instead, as a whole
-        job would. If any range fails, the others are waited for, every table the ranges
+        (engine/compaction/subcompaction.py); returns ``(numbers reserved, the combined
+        CompactionResult, ranges run)``, or None when the inputs give no split point (the
+        caller runs the job whole). A range whose worker is lost or cannot start runs in a
+        thread of this DB instead, as a whole job would. If any range fails, the others are waited for, every table the ranges
         wrote is removed and the first error is raised."""
         points = split_points(task, self._tables.get, k)
         if not points:
@@ -514,12 +516,11 @@ class Background:
         outputs = [f for r in results for f in r.outputs]
         for f in outputs:
             edit.add_file(task.output_level, f)
-        self.counters.subcompactions += len(parts)
         return reserved, CompactionResult(
             edit, outputs, bytes_read=task.input_bytes(),
             bytes_written=sum(f.size for f in outputs),
             entries_in=sum(f.num_entries for f in task.all_inputs),
-            entries_out=sum(f.num_entries for f in outputs))
+            entries_out=sum(f.num_entries for f in outputs)), len(parts)
 
     def _install(self, task, result, t0: float, reserved) -> None:
         """Apply a finished compaction's edit, publish the new version and remove its inputs;

@@ -676,13 +676,11 @@ def test_ranges_rerun_in_threads_install_everything_and_release_their_numbers(
         assert dict(db.scan()) == model
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Finding: a range rerun in a thread (NumbersExhausted, WorkerLost, NoWorker) allocates "
-    "its numbers through on_number, which appends them to _run_split's `taken`, never to "
-    "running.outputs; stats()['compaction_running']['written_bytes'] therefore leaves out "
-    "everything such ranges wrote (0 here at install, with every table written), while the "
-    "unsplit path resets running.outputs and appends to it (RunningCompaction's docstring: "
-    "'appended as the thread allocates them'). `sievekv compact` shows the wrong progress."))
+# Fixed in session 15; was a strict xfail: a range rerun in a thread (NumbersExhausted,
+# WorkerLost, NoWorker) allocated its numbers through on_number, which appended them to
+# _run_split's `taken`, never to running.outputs, so stats()['compaction_running']
+# ['written_bytes'] left out everything such ranges wrote (0 at install, with every table
+# written) and `sievekv compact` showed the wrong progress.
 def test_progress_counts_what_ranges_rerun_in_threads_wrote(tmp_path, monkeypatch):
     _force_thread_ranges(monkeypatch)
     with DB.open(str(tmp_path / "db"), **SPLIT_OPTS) as db:
@@ -741,13 +739,9 @@ def test_closing_during_a_split_leaves_no_table_behind(tmp_path, monkeypatch, in
 
 # -- 4. what the docs say --------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Finding: engine/options.py's max_subcompactions help quotes its numbers (~42k puts/s "
-    "off, ~65k with 2) from bench/results/db.md \"Session 15: subcompactions\", and "
-    "router/default_config.toml points at bench/results/db.md for its ~1.5x; no such "
-    "section exists (the file's session-15 compaction section still says subcompactions "
-    "were 'not built this session'), so the documented figures have no recorded command "
-    "or run behind them"))
+# Fixed in session 15; was a strict xfail: the max_subcompactions help quoted figures (~42k
+# puts/s off, ~65k with 2) from a bench/results/db.md section, "Session 15: subcompactions",
+# that did not exist yet, so they had no recorded command or run behind them.
 def test_the_bench_section_the_option_help_cites_exists():
     help_text = Options.__dataclass_fields__["max_subcompactions"].metadata["doc"]
     cited = re.findall(r'bench/results/db\.md "([^"]+)"', help_text)
