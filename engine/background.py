@@ -461,8 +461,8 @@ class Background:
         (engine/compaction/subcompaction.py); returns ``(numbers reserved, the combined
         CompactionResult, ranges run)``, or None when the inputs give no split point (the
         caller runs the job whole). A range whose worker is lost or cannot start runs in a
-        thread of this DB instead, as a whole job would. If any range fails, the others are waited for, every table the ranges
-        wrote is removed and the first error is raised."""
+        thread of this DB instead, as a whole job would. If any range fails, the others are
+        waited for, every table the ranges wrote is removed and the first error is raised."""
         points = split_points(task, self._tables.get, k)
         if not points:
             return None
