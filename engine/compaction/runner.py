@@ -10,7 +10,8 @@ moves the file one level down. ``execute`` runs in a DB thread or, through
 edit through the manifest and only then deletes the inputs.
 
 Thread safety: reads immutable tables and writes only new files; the caller serialises
-compactions (one at a time) and protects the output numbers.
+compactions (one at a time; the key ranges of one split compaction, engine/compaction/
+subcompaction.py, run at once, each writing its own files) and protects the output numbers.
 """
 
 from __future__ import annotations
@@ -122,16 +123,6 @@ MAX_RESERVED_OUTPUTS = 4096
 """The most file numbers one compaction reserves for its outputs (see max_outputs)."""
 
 
-def _table_entries(table):
-    """All entries of ``table`` without filling the block cache (compaction reads once)."""
-    return table.iterate(None, fill_cache=False)
-
-
-def _level_entries(tables):
-    for t in tables:
-        yield from _table_entries(t)
-
-
 def _until(batches, hi):
     """``batches`` (sorted lists of entries) cut before the first key >= ``hi``."""
     for batch in batches:
@@ -163,7 +154,7 @@ def execute(job: CompactionJob, *, fs, open_table, new_number, on_number=None,
         return CompactionResult(edit, list(task.inputs))
     lo, hi = job.bounds
 
-    def entries(t):
+    def entries(t):  # read once: not through the block cache
         return t.iterate(lo, fill_cache=False)
 
     def level(files):
