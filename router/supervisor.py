@@ -546,8 +546,10 @@ class Supervisor:
         if self.control is None:
             time.sleep(timeout)
             return
-        try:
-            ready, _, _ = select.select([self.control], [], [], timeout)
+        try:  # poll, not select: select fails on a descriptor numbered 1024 or more
+            poller = select.poll()
+            poller.register(self.control, select.POLLIN)
+            ready = poller.poll(timeout * 1000)
         except InterruptedError:
             return
         if not ready:

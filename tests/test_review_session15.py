@@ -270,16 +270,20 @@ def test_add_many_encodes_the_varint_edges_like_block_builder(tmp_path):
             opts = TableOptions(block_size=block_size, data_block_hash_index=hashed,
                                 compression="none", filter_policy="blocked-bloom",
                                 creation_time=1)
-            a = _OldBuilder(fs.open_writable(str(tmp_path / "a.sst")), opts)
+            wa = fs.open_writable(str(tmp_path / "a.sst"))
+            a = _OldBuilder(wa, opts)
             for e in entries:
                 a.add(*e)
             pa = a.finish()
-            b = TableBuilder(fs.open_writable(str(tmp_path / "b.sst")), opts)
+            wb = fs.open_writable(str(tmp_path / "b.sst"))
+            b = TableBuilder(wb, opts)
             i, step = 0, 1
             while i < len(entries):
                 i = b.add_many(entries, i, min(len(entries), i + step))[0]
                 step = step % 7 + 1
             pb = b.finish()
+            wa.close()  # each pair of files closed: the loops write 1,300 tables
+            wb.close()
             assert open(tmp_path / "b.sst", "rb").read() == open(tmp_path / "a.sst", "rb").read()
             assert vars(pb) == vars(pa)
 
@@ -296,13 +300,17 @@ def test_add_many_cuts_blocks_at_the_same_entry_as_block_builder(tmp_path):
                                 compression="none", filter_policy=None, creation_time=1)
             for size in range(161):
                 entries = [(b"key%04d" % i, i, KIND_VALUE, b"x" * size) for i in range(40)]
-                a = _OldBuilder(fs.open_writable(str(tmp_path / "a.sst")), opts)
+                wa = fs.open_writable(str(tmp_path / "a.sst"))
+                a = _OldBuilder(wa, opts)
                 for e in entries:
                     a.add(*e)
                 a.finish()
-                b = TableBuilder(fs.open_writable(str(tmp_path / "b.sst")), opts)
+                wb = fs.open_writable(str(tmp_path / "b.sst"))
+                b = TableBuilder(wb, opts)
                 b.add_many(entries, 0, len(entries))
                 b.finish()
+                wa.close()  # each pair of files closed: the loops write 1,300 tables
+                wb.close()
                 assert (tmp_path / "b.sst").read_bytes() == (tmp_path / "a.sst").read_bytes(), \
                     (hashed, block_size, size)
 

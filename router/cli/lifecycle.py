@@ -157,14 +157,16 @@ def start_supervisor(cfg: ClusterConfig, on_event=None, argv: list[str] | None =
 
 
 def _events(fd: int, deadline: float):
-    """JSON events from the pipe until EOF or the deadline."""
+    """JSON events from the pipe until EOF or the deadline. (poll, not select: select fails
+    on a descriptor numbered 1024 or more, as in a process with many files open.)"""
     buf = b""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-        if not ready:
+        if not poller.poll(min(left, 1.0) * 1000):
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
