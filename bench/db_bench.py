@@ -518,9 +518,15 @@ def _run_child(args, *extra) -> dict:
         cmd.append("--rocksdb-pread")
     if args.profile:
         cmd += ["--profile", args.profile]
+    return run_json_child(cmd, f"child {extra}")
+
+
+def run_json_child(cmd: list, what: str) -> dict:
+    """Run a benchmark child process; its last stdout line is its JSON result (exit with one
+    line naming ``what`` if it fails)."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"child {extra} failed (exit {proc.returncode})")
+        raise SystemExit(f"{what} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

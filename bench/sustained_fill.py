@@ -63,7 +63,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -73,7 +72,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_deps import require  # noqa: E402
-from db_bench import BITS, MiB, VALUE_SIZE, PeakRSS, _cpu_seconds  # noqa: E402
+from db_bench import BITS, MiB, VALUE_SIZE, PeakRSS, _cpu_seconds, run_json_child  # noqa: E402
 
 KEY_SIZE = 16
 ENGINES = ("sievekv", "rocksdb")
@@ -459,10 +458,7 @@ def _run_child(args, name: str, path: str) -> dict:
         cmd.append("--progress")
     if args.profile:
         cmd += ["--profile", args.profile]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"sustained_fill: the {name} child failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child(cmd, f"sustained_fill: the {name} child")
 
 
 def summarize(r: dict, keys: int) -> dict:
