@@ -19,9 +19,9 @@ The memtable is frozen when full and flushed to an L0 table by the flush thread 
 go to a new memtable and a new log; the compaction thread keeps the levels within their
 targets (engine/background.py, engine/compaction/). Tables are written by worker processes
 (engine/table_workers.py) so that this CPU work does not take the GIL from gets and puts.
-Writers are slowed (``slowdown_sleep_s`` per write) once L0 holds ``l0_slowdown_trigger``
-tables and wait once it holds ``l0_stop_trigger`` or when ``max_frozen_memtables`` are
-waiting for a flush; the time is counted in stats().
+Writers are held to an adaptive byte rate (``delayed_write_rate``, engine/write_controller.py)
+once L0 holds ``l0_slowdown_trigger`` tables and wait once it holds ``l0_stop_trigger`` or
+when ``max_frozen_memtables`` are waiting for a flush; the time is counted in stats().
 
 Unsynced writes take a fast path when no other writer is active: they are logged and applied
 under the mutex without entering the group-commit queue.
@@ -55,6 +55,7 @@ from . import filenames, reports
 from .background import RETRY_WAIT_S, Background
 from .block_cache import BlockCache
 from .compaction import full_task, pick, rewrite_tasks
+from .compaction.picker import compaction_debt
 from .compaction.births import Births
 from .errors import (ClosedError, InvalidArgumentError, ResultTooLargeError, SieveError,
                      StorageIOError)
@@ -70,6 +71,7 @@ from .recovery import recover
 from .table_set import TableSet
 from .table_writer import Cancelled
 from .table_workers import shared_pool
+from .write_controller import WriteController
 from .checkpoint import checkpoint_db
 from .verify import verify_db
 from .vfs import FileSystem, default_fs
@@ -162,6 +164,7 @@ class DB(Background):
         # L0 count at which _commit must look at stalls (never, without auto compaction).
         self._l0_slowdown = (opts.l0_slowdown_trigger if not opts.disable_auto_compactions
                              else float("inf"))
+        self.write_controller = WriteController(opts.delayed_write_rate, opts.slowdown_sleep_s)
         self.block_cache = BlockCache(opts.block_cache_bytes) if opts.block_cache_bytes else None
         self.filter_cap = FilterCap(opts.filter_memory_cap)
         self._tables = TableSet(fs, path, block_cache=self.block_cache, residency=self.filter_cap,
@@ -457,7 +460,8 @@ class DB(Background):
         if (self._mem.approximate_bytes >= self._memtable_bytes or self._log_broken
                 or self._bg_error is not None or self._closing
                 or len(self._version.levels[0]) >= self._l0_slowdown):
-            self._make_room_for_write(force=False)
+            self._make_room_for_write(force=False,
+                                      nbytes=sum(w.nbytes for w in group))
         if len(group) == 1:
             w = group[0]
             ops = w.ops
@@ -512,8 +516,9 @@ class DB(Background):
                 f"write of {len(ops)} operations is {size} bytes as a log record, over the "
                 f"write-ahead log's record limit of {limit} bytes; split it into smaller batches")
 
-    def _make_room_for_write(self, force: bool) -> None:
-        """Switch memtables when full (or forced); slow down or wait under pressure.
+    def _make_room_for_write(self, force: bool, nbytes: int = 0) -> None:
+        """Switch memtables when full (or forced); slow down a write of ``nbytes`` (key +
+        value bytes) or wait under pressure.
 
         REQUIRES: self._mu held; may release it while sleeping or waiting.
         """
@@ -524,17 +529,24 @@ class DB(Background):
         while True:
             self._check_writable()
             l0 = len(self._version.levels[0])
-            if allow_delay and stall_l0 and l0 >= opts.l0_slowdown_trigger:
-                t0 = time.perf_counter()
-                self._mu.release()
-                try:
-                    time.sleep(opts.slowdown_sleep_s)
-                finally:
-                    self._mu.acquire()
-                self.counters.slowdown_s += time.perf_counter() - t0
-                self.counters.slowdowns += 1
+            wc = self.write_controller
+            if allow_delay and stall_l0 and l0 >= opts.l0_slowdown_trigger and wc.enabled:
                 allow_delay = False
-            elif not force and not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes:
+                wc.observe(self._version, self._debt_of, l0, opts.l0_stop_trigger)
+                t0 = time.perf_counter()
+                pause = wc.delay(nbytes, time.monotonic())
+                if pause > 0:
+                    self._mu.release()
+                    try:
+                        time.sleep(pause)
+                    finally:
+                        self._mu.acquire()
+                    self.counters.slowdown_s += time.perf_counter() - t0
+                    self.counters.slowdowns += 1
+                continue  # L0 may have changed meanwhile
+            if wc.delayed and (l0 < opts.l0_slowdown_trigger or not stall_l0):
+                wc.end()
+            if not force and not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes:
                 return
             elif force and not self._log_broken and len(self._mem) == 0:
                 return
@@ -555,6 +567,10 @@ class DB(Background):
             else:
                 self._switch_memtable()
                 force = False
+
+    def _debt_of(self, version) -> int:
+        """Compaction debt of ``version`` (the write controller's signal)."""
+        return compaction_debt(version, self.options)
 
     def _set_bg_error(self, exc: BaseException, recoverable: bool = False) -> bool:
         """Enter the failed state with ``exc``, unless already failed (a fatal error replaces

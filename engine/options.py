@@ -45,9 +45,10 @@ class Options:
     memtable_bytes: int = _opt(8 * MiB, "memtable memory that triggers a flush: keys + values + 176 bytes per entry, what a memtable's Python objects take (so 8 MiB holds ~28,700 entries of 16-byte keys and 100-byte values). Each shard holds up to 1 + max_frozen_memtables of them", lo=1024)
     max_frozen_memtables: int = _opt(2, "frozen memtables waiting for flush before writers stop", lo=1)
     l0_compaction_trigger: int = _opt(4, "L0 table count that triggers an L0->L1 compaction", lo=1)
-    l0_slowdown_trigger: int = _opt(20, "L0 table count at which each write sleeps slowdown_sleep_s (RocksDB default)", lo=1)
+    l0_slowdown_trigger: int = _opt(20, "L0 table count at which writes are held to delayed_write_rate, adapted to what compaction keeps up with (RocksDB default; engine/write_controller.py)", lo=1)
     l0_stop_trigger: int = _opt(36, "L0 table count at which writers wait for compaction (RocksDB default)", lo=1)
-    slowdown_sleep_s: float = _opt(0.001, "sleep per write while slowed down, seconds (at most 10: a write sleeps this once per call, and a longer sleep is a stop, which l0_stop_trigger is for)", lo=0.0, hi=10.0)
+    slowdown_sleep_s: float = _opt(0.001, "shortest sleep of a write held back by delayed_write_rate, seconds (RocksDB's 1 ms refill: a write over the rate's budget sleeps until its bytes are paid for, and at least this); 0: writes are never slowed, only stopped at l0_stop_trigger. At most 10. Until session 16 every write past l0_slowdown_trigger slept this, whatever compaction could take", lo=0.0, hi=10.0)
+    delayed_write_rate: int = _opt(16 * MiB, "bytes/s (keys + values) that writes are held to when L0 reaches l0_slowdown_trigger, at most: the rate falls by 0.8x at each flush or compaction that leaves more compaction debt, 0.6x near l0_stop_trigger, rises by 1.25x as the debt shrinks and by 1.4x when L0 falls under the trigger, and is kept between slowdowns (RocksDB's delayed_write_rate and its adjustments; engine/write_controller.py); floor 16 KiB/s", lo=1)
     # -- compaction ------------------------------------------------------------------------------
     disable_auto_compactions: bool = _opt(False, "no background compaction (flushes still run)")
     max_bytes_for_level_base: int = _opt(64 * MiB, "target size of L1, bytes", lo=1)

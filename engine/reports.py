@@ -188,7 +188,12 @@ def stats(db) -> dict:
             getattr(db, "_checkpoint_progress", None)),
         "write_stall": {"slowdowns": c.slowdowns, "slowdown_seconds": round(c.slowdown_s, 4),
                         "stops": c.stops, "stop_seconds": round(c.stop_s, 4),
-                        "total_seconds": round(c.slowdown_s + c.stop_s, 4)},
+                        "total_seconds": round(c.slowdown_s + c.stop_s, 4),
+                        # engine/write_controller.py: writes held to a rate now, that rate
+                        # (bytes/s; kept between slowdowns), and how often it was changed
+                        "delayed": db.write_controller.delayed,
+                        "delayed_write_rate": int(db.write_controller.rate),
+                        "rate_adjustments": db.write_controller.adjustments},
         # `is not None`: an empty BlockCache is falsy (it has __len__)
         "block_cache": {"capacity_bytes": cache.capacity if cache is not None else 0,
                         "usage_bytes": cache.usage if cache is not None else 0,

@@ -410,7 +410,7 @@ def even_slot_ranges(count: int) -> list[tuple[int, int]]:
 # whose engine default is None (written "off" in the config).
 _SIZE_OPTIONS = {"memtable_bytes", "max_bytes_for_level_base", "target_file_size", "block_size",
                  "block_cache_bytes", "filter_memory_budget", "filter_memory_cap",
-                 "partition_bytes"}
+                 "partition_bytes", "delayed_write_rate"}
 _OFF_OPTIONS = {"filter_policy", "bits_per_key_per_level", "filter_memory_budget",
                 "filter_memory_cap", "tombstone_compaction_ratio"}
 # Options of engine.options.Options that the config does not expose: the file system is the

@@ -159,6 +159,30 @@ def scores(version, options) -> list[float]:
     return out
 
 
+def compaction_debt(version, options) -> int:
+    """Bytes that compactions would write to bring every level within its target, estimated
+    as Pebble's estimatedCompactionDebt does: all of L0 goes into L1 with the whole of L1
+    (L0 tables span most keys); then each level over its target passes its excess down,
+    rewriting with it the next level's bytes in proportion (excess x (1 + next / level)).
+    A level that would receive bytes into an empty next level costs nothing (a move). The
+    write controller's signal (engine/write_controller.py): it grows while compactions fall
+    behind and shrinks as they catch up. O(number of tables)."""
+    levels = _levels_of(version)
+    added = level_bytes(levels[0])
+    debt = added + level_bytes(levels[1]) if added and levels[1] else 0
+    for n in range(1, NUM_LEVELS - 1):
+        size = level_bytes(levels[n]) + added
+        target = options.max_bytes_for_level(n)
+        if size <= target:
+            added = 0
+            continue
+        added = size - target
+        nxt = level_bytes(levels[n + 1])
+        if nxt:
+            debt += int(added * (1 + nxt / size))
+    return debt
+
+
 def overlapping(files, lo: bytes, hi: bytes, level: int = 0) -> list:
     """Files of ``level`` whose key range intersects [lo, hi]. For L1+ (``level`` >= 1:
     ``files`` sorted by key and non-overlapping) two bisections, O(log n); for L0 (the
