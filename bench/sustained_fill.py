@@ -18,7 +18,7 @@ Engines, each in its own child process, one after the other (never at the same t
            4 / 20 / 36 as sievekv's, 2 write buffers, 2 background jobs, dynamic level bytes,
            a 256 MiB base level where sievekv's L1 target is 64 MiB, 64 MiB tables where
            sievekv's are 4 MiB, and past the slowdown trigger a write rate limit starting at
-           16 MiB/s where sievekv sleeps 1 ms per write)
+           16 MiB/s, as sievekv's since session 16; until then sievekv slept 1 ms per write)
 Both: write-ahead log on, no sync per write (each engine's default).
 
 Per window (the row says how many seconds it covered) and per engine:
@@ -36,6 +36,9 @@ Per window (the row says how many seconds it covered) and per engine:
   RSS MiB    the child process and its children (sievekv's table workers), when sampled
   compaction running   sievekv: stats()["compaction_running"], its levels, input MiB and
              seconds so far (one compaction at a time); RocksDB: rocksdb.num-running-compactions
+Each put is timed (two perf_counter calls around it) into a per-microsecond histogram of
+constant size: the report prints p50, p99, p99.9, p99.99 and the largest put latency, and
+how many puts took over 1 ms and over 100 ms: where write stalls land for the caller.
 After the last put the child times the drain, until background work is done (sievekv: flush()
 then wait_for_compactions(); RocksDB: flush() then polling until no flush or compaction is
 pending or running), still sampling windows ("drain" rows). Then, untimed, every engine must
@@ -80,6 +83,7 @@ CHUNK = 256  # puts between two updates of the shared put counter (a window's co
 VALUE_POOL = 1 << 14  # distinct random values, put in turn: a 4 KiB block of ~35 entries
 # holds two equal values with ~4% chance, far from the 1/8 that block compression must save
 CHECK_SAMPLE = 2000  # keys whose values are read back after the drain
+LAT_CAP_US = 1_000_000  # put latencies are counted per microsecond up to here (1 s), then as 1 s+
 GiB = 1 << 30  # RocksDB's "GB" in its stats text
 
 
@@ -354,10 +358,12 @@ def make_values(seed: int) -> list:
     return [rnd.randbytes(VALUE_SIZE) for _ in range(VALUE_POOL)]
 
 
-def put_all(eng, n: int, seed: int, progress: Progress, half_at: list) -> list:
+def put_all(eng, n: int, seed: int, progress: Progress, half_at: list,
+            latency: list | None = None) -> list:
     """Put ``n`` random keys (a fresh random blob per CHUNK keys, values in turn from
     VALUE_POOL random ones); return [(key, value)] for every ~n/CHECK_SAMPLE-th put, read
-    back later."""
+    back later. ``latency``: a list of LAT_CAP_US + 1 counts, where each put's time in whole
+    microseconds (two perf_counter calls around it) is counted."""
     rnd = random.Random(seed)
     values = make_values(seed + 1)
     put = eng.put
@@ -372,8 +378,16 @@ def put_all(eng, n: int, seed: int, progress: Progress, half_at: list) -> list:
         keys = [blob[o:o + KEY_SIZE] for o in range(0, KEY_SIZE * m, KEY_SIZE)]
         base = n - left
         vals = values[base % VALUE_POOL:base % VALUE_POOL + m]  # CHUNK divides VALUE_POOL
-        for k, v in zip(keys, vals):
-            put(k, v)
+        if latency is None:
+            for k, v in zip(keys, vals):
+                put(k, v)
+        else:
+            clock = time.perf_counter
+            for k, v in zip(keys, vals):
+                t = clock()
+                put(k, v)
+                us = int((clock() - t) * 1e6)
+                latency[us if us < LAT_CAP_US else LAT_CAP_US] += 1
         for j in range(-base % every, m, every):
             sample.append((keys[j], vals[j]))
         left -= m
@@ -402,7 +416,8 @@ def child(engine_name: str, path: str, args, engine_options: dict) -> dict:
         sampler.start()
         if prof is not None:
             prof.enable()
-        sample = put_all(eng, args.keys, args.seed, progress, half_at)
+        latency = [0] * (LAT_CAP_US + 1)
+        sample = put_all(eng, args.keys, args.seed, progress, half_at, latency)
         if prof is not None:
             prof.disable()
         t_put = time.perf_counter()
@@ -423,10 +438,33 @@ def child(engine_name: str, path: str, args, engine_options: dict) -> dict:
         "cpu_put_s": cpu_put, "cpu_s": cpu_all,
         "rss0_mib": rss0 / MiB, "peak_rss_mib": peak.peak / MiB,
         "windows": sampler.rows, "end": sampler.rows[-1], "final": eng.final(),
-        "checked": len(sample), "load_after": os.getloadavg()})
+        "checked": len(sample), "load_after": os.getloadavg(),
+        "latency_us": latency_percentiles(latency)})
     eng.close()
     if prof is not None:
         prof.dump_stats(args.profile)
+    return out
+
+
+LAT_POINTS = (("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999), ("p99.99", 0.9999))
+
+
+def latency_percentiles(counts: list) -> dict:
+    """{"p50": us, ..., "max": us, "over_1ms": n, "over_100ms": n} of a per-microsecond
+    histogram (the last slot: LAT_CAP_US or more)."""
+    total = sum(counts)
+    out: dict = {}
+    seen = 0
+    points = list(LAT_POINTS)
+    for us, c in enumerate(counts):
+        if not c:
+            continue
+        seen += c
+        while points and seen >= points[0][1] * total:
+            out[points.pop(0)[0]] = us
+        out["max"] = us
+    out["over_1ms"] = sum(counts[1000:])
+    out["over_100ms"] = sum(counts[100_000:])
     return out
 
 
@@ -523,6 +561,11 @@ def report(results: dict, args, engine_options: dict) -> None:
     line("  share of the put seconds", [None if results[n]["end"]["stall_s"] is None
                                         else results[n]["end"]["stall_s"] / results[n]["put_s"]
                                         for n in names], ".0%")
+    for key, _q in LAT_POINTS + (("max", 1.0),):
+        line(f"put latency us, {key} ****", [results[n]["latency_us"].get(key) for n in names],
+             ",", False)
+    line("puts over 1 ms", [results[n]["latency_us"]["over_1ms"] for n in names], ",")
+    line("puts over 100 ms", [results[n]["latency_us"]["over_100ms"] for n in names], ",")
     line("flushes", [results[n]["end"]["flushes"] for n in names], "")
     line("compactions", [results[n]["end"]["compactions"] for n in names], "")
     line("MiB written: flushes", [sums[n]["flush_mib"] for n in names], ",.0f")
@@ -536,6 +579,8 @@ def report(results: dict, args, engine_options: dict) -> None:
           f"write-ahead log not counted")
     print("**  the child process and its children (sievekv's table workers), sampled every 20 ms")
     print("*** CPU seconds of the child process and its live children, background threads included")
+    print("**** each put timed alone (two perf_counter calls, ~0.1 us, in both engines), whole "
+          "microseconds; a stall or slowdown sleep is inside the put that paid it")
     for name, r in results.items():
         f = r["final"]
         print(f"{name} after the drain: levels (level, tables, MiB) {f['levels']}; "
