@@ -530,18 +530,19 @@ class DB(Background):
             self._check_writable()
             l0 = len(self._version.levels[0])
             wc = self.write_controller
-            if allow_delay and stall_l0 and l0 >= opts.l0_slowdown_trigger and wc.enabled:
+            room = not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes
+            if (allow_delay and stall_l0 and l0 >= opts.l0_slowdown_trigger and wc.enabled
+                    and (l0 < opts.l0_stop_trigger or room)):
+                # Held to the rate; not a write that is about to stop at l0_stop_trigger
+                # (the stop holds it back, and a charge would only push back the writers
+                # after it: RocksDB's GetDelay is 0 while writes are stopped).
                 allow_delay = False
                 wc.observe(self._version, self._debt_of, l0, opts.l0_stop_trigger)
-                t0 = time.perf_counter()
-                pause = wc.delay(nbytes, time.monotonic())
+                now = time.monotonic()
+                pause = wc.delay(nbytes, now)
                 if pause > 0:
-                    self._mu.release()
-                    try:
-                        time.sleep(pause)
-                    finally:
-                        self._mu.acquire()
-                    self.counters.slowdown_s += time.perf_counter() - t0
+                    self._slowdown_wait(now + pause)
+                    self.counters.slowdown_s += time.monotonic() - now
                     self.counters.slowdowns += 1
                 continue  # L0 may have changed meanwhile
             if wc.delayed and (l0 < opts.l0_slowdown_trigger or not stall_l0):
@@ -567,6 +568,19 @@ class DB(Background):
             else:
                 self._switch_memtable()
                 force = False
+
+    def _slowdown_wait(self, until: float) -> None:
+        """Sleep a slowed write until monotonic time ``until``, or less: it ends early when
+        L0 falls under l0_slowdown_trigger (a compaction installed), the DB closes or fails.
+        The background threads notify ``_bg_cv`` on each of those. REQUIRES: self._mu held
+        (released while waiting)."""
+        trigger = self.options.l0_slowdown_trigger
+        while (not self._closing and self._bg_error is None
+               and len(self._version.levels[0]) >= trigger):
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._bg_cv.wait(left)
 
     def _debt_of(self, version) -> int:
         """Compaction debt of ``version`` (the write controller's signal)."""

@@ -130,6 +130,15 @@ def _live_tables(rs):
     return out
 
 
+def _delayed_now(db, version) -> bool:
+    """Writes are held to the write controller's rate now: L0 is at the slowdown trigger
+    (the controller itself only learns that a delay ended at the next write that passes
+    the slow path)."""
+    o = db.options
+    return (db.write_controller.enabled and not o.disable_auto_compactions
+            and len(version.levels[0]) >= o.l0_slowdown_trigger)
+
+
 def stats(db) -> dict:
     rs = db._rs
     if rs is None:
@@ -191,7 +200,7 @@ def stats(db) -> dict:
                         "total_seconds": round(c.slowdown_s + c.stop_s, 4),
                         # engine/write_controller.py: writes held to a rate now, that rate
                         # (bytes/s; kept between slowdowns), and how often it was changed
-                        "delayed": db.write_controller.delayed,
+                        "delayed": _delayed_now(db, rs.version),
                         "delayed_write_rate": int(db.write_controller.rate),
                         "rate_adjustments": db.write_controller.adjustments},
         # `is not None`: an empty BlockCache is falsy (it has __len__)

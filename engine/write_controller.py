@@ -12,7 +12,13 @@ keeps up with instead.
   credit goes on at once; one that does not sleeps until the bytes it lacks are paid for,
   and at least ``interval`` (``slowdown_sleep_s``, RocksDB's 1 ms refill): fewer, longer
   sleeps, each of which costs a system call and a wake-up. Credit never exceeds
-  ``BURST_S`` seconds of the rate, so a pause does not buy a burst.
+  ``BURST_S`` seconds of the rate, so a pause does not buy a burst (nor a free large write:
+  it pays what the credit does not cover). Writes that arrive together queue: each one's
+  sleep starts where the previous one's ends. The DB ends a sleep early when L0 falls under
+  the trigger or the DB closes or fails (engine/db.py ``_slowdown_wait``), and does not
+  charge a write that is about to stop at ``l0_stop_trigger``.
+- A sleep can be long: bytes / rate, unbounded. At the floor (16 KiB/s) a 1 MiB write
+  owes 64 s, which is why the rate is kept as high as the debt allows.
 - The rate adapts at each new version (a flush or compaction installed), from the
   compaction debt (:func:`engine.compaction.picker.compaction_debt`: bytes compactions
   would write to bring every level within its target): debt grown -> rate x ``SLOWER``;
@@ -97,7 +103,7 @@ class WriteController:
             self._next_refill = now
         if self._next_refill <= now:
             elapsed = now - self._next_refill + self.interval
-            self._credit = min(self._credit + elapsed * rate, max(rate * BURST_S, nbytes))
+            self._credit = min(self._credit + elapsed * rate, rate * BURST_S)
             self._next_refill = now + self.interval
             if self._credit >= nbytes:
                 self._credit -= nbytes

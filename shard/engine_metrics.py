@@ -23,7 +23,9 @@ From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_tombstones_dropped_total``, ``sievekv_engine_compaction_read_bytes_total``,
 ``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
 ``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
-``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_background_errors_total``,
+``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_delayed_write_rate_bytes``
+(what writes are held to past the slowdown trigger) with ``sievekv_engine_writes_delayed``
+(0 or 1: held now), ``sievekv_engine_background_errors_total``,
 ``sievekv_engine_recovered_errors_total``, ``sievekv_engine_gets_total``,
 ``sievekv_engine_get_data_blocks_read_total``; from ``db.filter_report()["cap"]`` (with a
 filter memory cap) ``sievekv_engine_filter_cap_faults_total`` and ``..._evictions_total``;
@@ -88,6 +90,8 @@ _STATE_GAUGES = (
 _STATS_GAUGES = (
     (("block_cache", "usage_bytes"), "sievekv_engine_block_cache_usage_bytes", "Bytes in the block cache"),
     (("memtable", "bytes"), "sievekv_engine_memtable_bytes", "Bytes in the active memtable"),
+    (("write_stall", "delayed_write_rate"), "sievekv_engine_delayed_write_rate_bytes",
+     "Bytes/s writes are held to while L0 is at its slowdown trigger (adapted, kept between slowdowns)"),
 )
 
 
@@ -153,6 +157,14 @@ class EngineCollector:
                     family = family_cls(name, help_text)
                     family.add_metric([], value)
                     yield family
+        delayed = stats.get("write_stall", {}).get("delayed") if isinstance(
+            stats.get("write_stall"), dict) else None
+        if isinstance(delayed, bool):
+            family = GaugeMetricFamily("sievekv_engine_writes_delayed",
+                                       "1 while writes are held to delayed_write_rate "
+                                       "(L0 at its slowdown trigger)")
+            family.add_metric([], 1.0 if delayed else 0.0)
+            yield family
         for field, name, help_text in _STATE_GAUGES:
             if field in stats:  # a string (the error) or True: set; None or False: clear
                 family = GaugeMetricFamily(name, help_text)

@@ -164,23 +164,33 @@ def compaction_debt(version, options) -> int:
     as Pebble's estimatedCompactionDebt does: all of L0 goes into L1 with the whole of L1
     (L0 tables span most keys); then each level over its target passes its excess down,
     rewriting with it the next level's bytes in proportion (excess x (1 + next / level)).
-    A level that would receive bytes into an empty next level costs nothing (a move). The
-    write controller's signal (engine/write_controller.py): it grows while compactions fall
-    behind and shrinks as they catch up. O(number of tables)."""
-    levels = _levels_of(version)
-    added = level_bytes(levels[0])
-    debt = added + level_bytes(levels[1]) if added and levels[1] else 0
+    Unlike Pebble, L0 into an empty L1 counts too: L0 tables are never moved (they overlap),
+    so every L0 byte is rewritten. Below L1 an excess into an empty level costs nothing (a
+    move). The write controller's signal (engine/write_controller.py): it grows while
+    compactions fall behind and shrinks as they catch up. O(levels) on a Version (its sizes
+    per level are kept), O(tables) on bare level tuples."""
+    size_of = _level_size_fn(version)
+    added = size_of(0)
+    debt = added + size_of(1) if added else 0
     for n in range(1, NUM_LEVELS - 1):
-        size = level_bytes(levels[n]) + added
+        size = size_of(n) + added
         target = options.max_bytes_for_level(n)
         if size <= target:
             added = 0
             continue
         added = size - target
-        nxt = level_bytes(levels[n + 1])
+        nxt = size_of(n + 1)
         if nxt:
             debt += int(added * (1 + nxt / size))
     return debt
+
+
+def _level_size_fn(version):
+    """level -> bytes: a Version's kept sums, or sums over bare level tuples."""
+    if hasattr(version, "level_bytes"):
+        return version.level_bytes
+    levels = _levels_of(version)
+    return lambda n: level_bytes(levels[n])
 
 
 def overlapping(files, lo: bytes, hi: bytes, level: int = 0) -> list:
