@@ -261,7 +261,7 @@ class Background:
                 self._unreserve(numbers)
                 self._unreserve(taken)
             raise
-        self._open_outputs(m.number for m in metas)
+        opened = self._open_outputs(m.number for m in metas)
         with self._version_lock:
             with self._mu:
                 i = self._frozen.index(mem)
@@ -269,7 +269,7 @@ class Background:
                 edit = VersionEdit(log_number=newer.log_number, last_sequence=self._last_seq)
             for m in metas:
                 edit.add_file(0, m)
-            version = self._log_and_apply(edit, numbers, [m.number for m in metas])
+            version = self._log_and_apply(edit, numbers, [m.number for m in metas], opened)
             # The flush is durable in the manifest: the memtable's log is obsolete.
             self._remove_file(filenames.log_file_name(self.path, mem.log_number))
             with self._mu:
@@ -284,31 +284,38 @@ class Background:
         self._unreserve(numbers)
         self._unreserve(m.number for m in metas)
 
-    def _open_outputs(self, numbers) -> None:
+    def _open_outputs(self, numbers) -> list[int]:
         """Open new tables before their version is published, outside the DB mutex: opening
         one reads its footer, index and filter index (~1.3 ms here), and the read state built
         under the mutex used to open every output itself. A 1 GB L0 -> L1 compaction has ~250
         outputs: writers waited ~0.3 s for the mutex (bench/results/db.md "Session 16: put
         latency"). Best effort: on any error the tables opened here are closed again and the
-        error is left to the publish, which opens them as before and fails as before."""
-        opened = []
+        error is left to the publish, which opens them as before and fails as before. Returns
+        the numbers opened (none after an error): if the manifest edit fails, _log_and_apply
+        closes them (a compaction retried after a full disk would otherwise leave its tables
+        open at every try). ``numbers``: new tables only, never published."""
+        opened: list[int] = []
         try:
             for n in numbers:
                 self._tables.get(n)
                 opened.append(n)
         except Exception:  # noqa: BLE001 - see the docstring
             self._tables.unref(opened)
+            return []
+        return opened
 
-    def _log_and_apply(self, edit, reserved, outputs):
+    def _log_and_apply(self, edit, reserved, outputs, opened=()):
         """``self._manifest.log_and_apply(edit)``. If it fails, whether the edit reached the
         disk is unknown (a failed fsync leaves the record in the file): the outputs may be
         live after a reopen, so they leave ``_pending_outputs`` and close() will not delete
-        them; recovery decides (engine/manifest.py, "After log_and_apply raises")."""
+        them; recovery decides (engine/manifest.py, "After log_and_apply raises"). The
+        tables ``opened`` for the edit (_open_outputs) are closed: nothing published them."""
         try:
             return self._manifest.log_and_apply(edit)
         except BaseException:
             self._unreserve(reserved)
             self._unreserve(outputs)
+            self._tables.unref(opened)
             raise
 
     def _in_worker(self, numbers, fn, *args):
@@ -541,10 +548,11 @@ class Background:
     def _install(self, task, result, t0: float, reserved) -> None:
         """Apply a finished compaction's edit, publish the new version and remove its inputs;
         ``reserved``: the output numbers reserved for it, released once the edit is applied."""
-        self._open_outputs(f.number for f in result.outputs)
+        # A trivial move's "outputs" are its input, open and published already.
+        opened = [] if task.trivial_move else self._open_outputs(f.number for f in result.outputs)
         with self._version_lock:
             new_version = self._log_and_apply(result.edit, reserved,
-                                              [f.number for f in result.outputs])
+                                              [f.number for f in result.outputs], opened)
             with self._mu:
                 self._version = new_version
                 self._births.compacted(task, result.outputs, time.monotonic())

@@ -81,3 +81,41 @@ def test_an_output_that_fails_to_open_early_is_opened_by_the_publish(tmp_path):
         assert db.stats()["levels"][0]["tables"] == 1
         assert db.get(b"k") == b"v"
         assert failed[0] in ts.open_tables()
+
+
+def test_outputs_opened_early_are_closed_when_the_manifest_edit_fails(tmp_path):
+    """A flush whose manifest edit fails leaves none of its outputs open (a compaction
+    retried after a full disk would otherwise keep another set open at every try)."""
+    from engine.errors import StorageIOError
+
+    db = DB.open(tmp_path / "db", memtable_bytes=64 * 1024, table_workers=0,
+                 disable_auto_compactions=True)
+    try:
+        ts = db._tables
+        opened = []
+        real_open = ts._open_table
+
+        def recording(path, number):
+            opened.append(number)
+            return real_open(path, number)
+
+        ts._open_table = recording
+        real_apply = db._manifest.log_and_apply
+
+        def failing(edit):
+            raise StorageIOError("injected: manifest write failed")
+
+        db._manifest.log_and_apply = failing
+        db.put(b"k", b"v")
+        try:
+            db.flush()
+        except Exception:  # noqa: BLE001 - the DB reports the failure its own way
+            pass
+        db._manifest.log_and_apply = real_apply
+        assert opened, "the flush's output was never opened early"
+        assert not set(opened) & set(ts.open_tables()), "an unpublished output stayed open"
+    finally:
+        try:
+            db.close()
+        except Exception:  # noqa: BLE001 - a failed DB may refuse a clean close
+            pass
