@@ -118,3 +118,15 @@ def test_progress_and_stats_lines_name_the_reason():
     assert compaction_reasons(stats) == "l0-count 1,234, tombstones 2 (180,000 tombstones dropped)"
     assert compaction_reasons({"compactions_by_reason": {}}) == ""
     assert compaction_reasons({"compactions_by_reason": {"l1-size": 1}}) == "l1-size 1"
+
+
+def test_stats_line_of_a_shard_whose_writes_are_held_to_a_rate():
+    from router.cli.report_cmds import write_slowdown
+
+    held = {"write_stall": {"delayed": True, "delayed_write_rate": 3 * 1024 * 1024},
+            "levels": [{"level": 0, "tables": 22}, {"level": 1, "tables": 9}]}
+    assert write_slowdown(held) == (
+        "writes held to 3.0 MiB/s (L0 holds 22 tables, at its slowdown trigger: compactions "
+        "are behind; the rate follows them)")
+    assert write_slowdown({"write_stall": {"delayed": False, "delayed_write_rate": 1}}) == ""
+    assert write_slowdown({}) == ""  # a shard of an older version: no such field

@@ -138,7 +138,22 @@ def cmd_stats(args) -> int:
         running = running_compaction(s)
         if running:
             print(f"{name}: compacting {running}")
+        held = write_slowdown(s)
+        if held:
+            print(f"{name}: {held}")
     return _finish_partial(doc, "Stats")
+
+
+def write_slowdown(s: dict) -> str:
+    """The line of a shard whose writes are held to its write controller's rate now (L0 at
+    its slowdown trigger; engine/write_controller.py), or ""."""
+    stall = s.get("write_stall") or {}
+    if not stall.get("delayed"):
+        return ""
+    l0 = next((x.get("tables") for x in s.get("levels", []) if x.get("level") == 0), None)
+    where = f"L0 holds {l0} tables" if l0 is not None else "L0"
+    return (f"writes held to {format_bytes(stall.get('delayed_write_rate'))}/s ({where}, at "
+            f"its slowdown trigger: compactions are behind; the rate follows them)")
 
 
 # ---------------------------------------------------------------------------------------------
