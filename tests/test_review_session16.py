@@ -20,7 +20,6 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from types import SimpleNamespace
 
 import pytest
 
@@ -28,11 +27,11 @@ from engine import DB
 from engine.compaction.picker import compaction_debt
 from engine.errors import ClosedError, StorageIOError
 from engine.faultfs import FaultInjectionFS
-from engine.format import NUM_LEVELS
 from engine.options import Options
 from engine.write_controller import BURST_S, MIN_RATE, WriteController
 
 from .conftest import poll_until
+from .test_write_controller import OPTS, _levels  # the same tree shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -253,18 +252,6 @@ def test_a_writer_at_the_stop_trigger_is_not_also_charged_the_rate(tmp_path):
 
 
 # -- the adaptation and its signal ----------------------------------------------------------------
-
-def _t(size):
-    return SimpleNamespace(size=size)
-
-
-def _levels(*sizes_per_level):
-    levels = [[_t(s) for s in sizes] for sizes in sizes_per_level]
-    return levels + [[] for _ in range(NUM_LEVELS - len(levels))]
-
-
-OPTS = Options.from_kwargs(max_bytes_for_level_base=64 * MiB, level_size_multiplier=10.0)
-
 
 def test_compaction_debt_on_deep_and_sparse_shapes():
     # empty levels between: L1 over target into an empty L2 is a move (no debt), its excess
