@@ -292,17 +292,27 @@ class Background:
         latency"). Best effort: on any error the tables opened here are closed again and the
         error is left to the publish, which opens them as before and fails as before. Returns
         the numbers opened (none after an error): if the manifest edit fails, _log_and_apply
-        closes them (a compaction retried after a full disk would otherwise leave its tables
-        open at every try). ``numbers``: new tables only, never published."""
+        closes them, so that a failed DB kept open for reads holds no table no version lists.
+        ``numbers``: new tables only, never published. Compactions call this under
+        ``_compaction_lock`` (outside the DB mutex and ``_version_lock``)."""
         opened: list[int] = []
         try:
             for n in numbers:
                 self._tables.get(n)
                 opened.append(n)
         except Exception:  # noqa: BLE001 - see the docstring
-            self._tables.unref(opened)
+            self._close_unpublished(opened)
             return []
         return opened
+
+    def _close_unpublished(self, numbers) -> None:
+        """Close tables opened by _open_outputs that no version published. Best effort: a
+        failing close is logged, never raised over the error that brought us here."""
+        try:
+            self._tables.unref(numbers)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.warning("%s: closing unpublished output tables failed", self.path,
+                        exc_info=True)
 
     def _log_and_apply(self, edit, reserved, outputs, opened=()):
         """``self._manifest.log_and_apply(edit)``. If it fails, whether the edit reached the
@@ -315,7 +325,7 @@ class Background:
         except BaseException:
             self._unreserve(reserved)
             self._unreserve(outputs)
-            self._tables.unref(opened)
+            self._close_unpublished(opened)
             raise
 
     def _in_worker(self, numbers, fn, *args):

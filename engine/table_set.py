@@ -1,7 +1,11 @@
 """The open tables of one DB, by file number, with reference counts.
 
 A table is opened (metadata only: engine/sstable reads the footer, index and filter index) the
-first time a read state needs it. Every :class:`engine.read_state.ReadState` holds one
+first time a read state needs it, or before: a flush or compaction opens its new tables before
+their version is published (engine/background.py ``_open_outputs``), outside the DB mutex.
+Between that open and the publish the table is open with no reference and listed by no read
+state; an :meth:`unref` of it (what a failed manifest edit does) closes it. Every
+:class:`engine.read_state.ReadState` holds one
 reference to each table it lists; the DB's current read state therefore keeps every live
 table open, and a table that compaction removed stays open until the last read state that
 lists it is gone (a ``get`` or ``scan`` still running on it). Its file may already be
@@ -149,7 +153,8 @@ class TableSet:
             self.unref(numbers)
 
     def unref(self, numbers) -> None:
-        """Drop one reference to each table; close those left without any."""
+        """Drop one reference to each table; close those left without any. Every one of them
+        is closed even if closing one raises; the first error is raised after."""
         to_close = []
         with self._lock:
             if self._closed:
@@ -165,8 +170,14 @@ class TableSet:
                 if t is not None:
                     self._retire_locked(t)
                     to_close.append(t)
+        first = None
         for t in to_close:
-            self._close_table(t)
+            try:
+                self._close_table(t)
+            except BaseException as exc:  # noqa: BLE001 - the rest are closed, then raised
+                first = first or exc
+        if first is not None:
+            raise first
 
     def _retire_locked(self, t) -> None:
         """Add a table's counters to ``retired`` as it leaves ``_tables`` (under the lock, so

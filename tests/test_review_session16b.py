@@ -12,7 +12,7 @@ keeps its inputs, and fails the DB as before (not retried); subcompactions; the 
 bookkeeping. Every DB is closed, and the process-wide count of open tables
 (engine/open_files.py) is back where it started after each close: no table leaked open.
 
-Findings are strict xfails. One finding, two tests: the clean-up of the early-opened tables
+The one finding (fixed in session 16; its two tests were strict xfails, now plain): the clean-up of the early-opened tables
 is not best effort. ``TableSet.unref`` pops every table first, then closes them one by one; a
 close that raises (close(2) may report EIO, e.g. on NFS) escapes it, leaving the rest never
 closed. ``_log_and_apply`` then raises that close error in place of the manifest's, and
@@ -504,11 +504,10 @@ class _CloseFails:
                 t.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/background.py _log_and_apply: the unref of the early-opened outputs runs in the "
-    "except block unguarded; a close that raises replaces the manifest's error (compact() "
-    "raises a raw OSError, not the StorageIOError that fails the DB), and TableSet.unref "
-    "leaves every table after the failing one popped and never closed"))
+# Fixed in session 16; was a strict xfail:  engine/background.py _log_and_apply: the unref of
+# the early-opened outputs runs in the  except block unguarded; a close that raises replaces
+# the manifest's error (compact()  raises a raw OSError, not the StorageIOError that fails the
+# DB), and TableSet.unref  leaves every table after the failing one popped and never closed
 def test_a_failing_close_after_a_failed_manifest_edit_keeps_the_manifest_error(tmp_path):
     base = _open_count()
     fs = ReviewFS(seed=93)
@@ -542,11 +541,10 @@ def test_a_failing_close_after_a_failed_manifest_edit_keeps_the_manifest_error(t
     assert _open_count() == base
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/background.py _open_outputs: documented best effort ('on any error ... left to "
-    "the publish'), but the unref in its except block is unguarded: a close that raises "
-    "escapes, the compaction fails (a raw OSError) instead of installing, and tables after "
-    "the failing one are never closed"))
+# Fixed in session 16; was a strict xfail:  engine/background.py _open_outputs: documented
+# best effort ('on any error ... left to  the publish'), but the unref in its except block is
+# unguarded: a close that raises  escapes, the compaction fails (a raw OSError) instead of
+# installing, and tables after  the failing one are never closed
 def test_a_failing_close_after_a_failed_early_open_leaves_it_to_the_publish(tmp_path):
     base = _open_count()
     with DB.open(tmp_path / "db", **SMALL) as db:
