@@ -28,6 +28,7 @@ thread holds, forever.
 from __future__ import annotations
 
 import errno
+import logging
 import queue
 import threading
 
@@ -35,6 +36,8 @@ from .errors import CorruptionError, StorageIOError
 from .filenames import table_file_name
 from .open_files import Headroom, soft_limit
 from .sstable import Table
+
+log = logging.getLogger(__name__)
 
 _RETIRED_KEYS = ("data_blocks_read", "map_failures", "filter_positives", "filter_negatives",
                  "filter_true_positives", "filter_errors")
@@ -150,7 +153,11 @@ class TableSet:
             numbers = get()
             if numbers is None:
                 return
-            self.unref(numbers)
+            try:
+                self.unref(numbers)
+            except Exception:  # noqa: BLE001 - a failed close must not end the releases
+                log.warning("%s: closing a released table failed", self._dirname,
+                            exc_info=True)
 
     def unref(self, numbers) -> None:
         """Drop one reference to each table; close those left without any. Every one of them

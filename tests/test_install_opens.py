@@ -119,3 +119,45 @@ def test_outputs_opened_early_are_closed_when_the_manifest_edit_fails(tmp_path):
             db.close()
         except Exception:  # noqa: BLE001 - a failed DB may refuse a clean close
             pass
+
+
+def test_the_releaser_thread_survives_a_failing_close(tmp_path):
+    """A close that raises in the table set's releaser thread is logged; the thread goes on
+    closing the tables released after it (it used to end, and every later release stayed
+    open until the DB closed)."""
+    import os
+
+    from engine.table_set import TableSet
+    from engine.vfs import default_fs
+
+    from .conftest import poll_until
+
+    path = tmp_path / "db"
+    with DB.open(path, table_workers=0, disable_auto_compactions=True) as db:
+        for k in (b"a", b"b"):
+            db.put(k, b"v")
+            db.flush()
+    numbers = sorted(int(f[:-4]) for f in os.listdir(path) if f.endswith(".sst"))
+    assert len(numbers) == 2
+    ts = TableSet(default_fs(), str(path))
+    try:
+        for n in numbers:
+            ts.get(n)
+            ts.ref([n])
+        real_close = ts._close_table
+        failed = []
+
+        def close_table(t):
+            if not failed:
+                failed.append(t)
+                raise OSError("injected: close failed")
+            real_close(t)
+
+        ts._close_table = close_table
+        ts.release_later([numbers[0]])  # its close fails, in the releaser thread
+        assert poll_until(lambda: failed, 10.0)
+        ts.release_later([numbers[1]])
+        assert poll_until(lambda: numbers[1] not in ts.open_tables(), 10.0), (
+            "the releaser thread stopped after a failing close")
+    finally:
+        ts.close()
