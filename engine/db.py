@@ -547,7 +547,7 @@ class DB(Background):
                 continue  # L0 may have changed meanwhile
             if wc.delayed and (l0 < opts.l0_slowdown_trigger or not stall_l0):
                 wc.end()
-            if not force and not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes:
+            if not force and room:
                 return
             elif force and not self._log_broken and len(self._mem) == 0:
                 return
