@@ -69,6 +69,12 @@ def _fill(db, n: int, seed: int) -> dict:
     return model
 
 
+def _reopened_holds(path, model: dict) -> None:
+    """A reopen of ``path`` (default options) reads the writes of ``model`` back."""
+    with DB.open(path) as db:
+        _holds(db, model)
+
+
 def _holds(db, model: dict, sample: int = 300) -> None:
     keys = random.Random(7).sample(sorted(model), min(sample, len(model)))
     assert db.multi_get(keys) == [model[k] for k in keys]
@@ -405,8 +411,7 @@ def test_a_flush_whose_manifest_edit_fails_behaves_as_before(tmp_path):
     finally:
         db.close()
     assert _open_count() == base
-    with DB.open(path) as db:
-        _holds(db, model)
+    _reopened_holds(path, model)
 
 
 def test_a_compaction_whose_manifest_edit_fails_is_not_retried_and_leaves_no_output_open(
@@ -441,8 +446,7 @@ def test_a_compaction_whose_manifest_edit_fails_is_not_retried_and_leaves_no_out
     finally:
         db.close()
     assert _open_count() == base
-    with DB.open(path) as db:
-        _holds(db, model)
+    _reopened_holds(path, model)
 
 
 def test_a_trivial_move_whose_manifest_edit_fails_keeps_its_table(tmp_path):
