@@ -111,7 +111,11 @@ def test_backoff_never_passes_the_deadline(server):
     kv.fail = 100
     with Client(address, retries=10, backoff=0.2, max_backoff=1.0) as c:
         t0 = time.monotonic()
-        with pytest.raises(errors.UnavailableError):
+        # Usually UNAVAILABLE (the server's error): the client retries only while the time
+        # left is at least what the failed try took. On a loaded machine a retry can still
+        # outlast that and meet the deadline (seen once in a full run, session 16): then
+        # DEADLINE_EXCEEDED is the true answer. Either way the deadline bounds the call.
+        with pytest.raises((errors.UnavailableError, errors.DeadlineExceededError)):
             c.get(b"a", timeout=0.5)
     assert time.monotonic() - t0 < 2.0
     assert len(kv.calls["Get"]) < 6
