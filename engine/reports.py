@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .compaction.picker import tombstone_wake_at
 from .filter_plan import current_allocation, policy_fpr
@@ -137,6 +137,16 @@ def _delayed_now(db, version) -> bool:
     o = db.options
     return (db.write_controller.enabled and not o.disable_auto_compactions
             and len(version.levels[0]) >= o.l0_slowdown_trigger)
+
+
+def _counters_snapshot(c) -> dict:
+    """``asdict(c)`` without its race: asdict walks a dict field in Python while a background
+    thread may add a key to it (a compaction's first reason), which raised "dictionary changed
+    size during iteration" from stats() (seen in test_model, session 16). ``dict(d)`` copies
+    in one C call, which no other Python thread interleaves with. The fields are numbers and
+    flat dicts of numbers."""
+    return {f.name: dict(v) if isinstance(v, dict) else v
+            for f in fields(c) for v in (getattr(c, f.name),)}
 
 
 def stats(db) -> dict:
@@ -243,7 +253,7 @@ def stats(db) -> dict:
 
         "recovered_entries": c.recovered_entries,
         "recovered_tables": c.recovered_tables,
-        "counters": asdict(c),
+        "counters": _counters_snapshot(c),
     }
 
 

@@ -161,3 +161,28 @@ def test_the_releaser_thread_survives_a_failing_close(tmp_path):
             "the releaser thread stopped after a failing close")
     finally:
         ts.close()
+
+
+def test_stats_while_a_counter_dict_grows(tmp_path):
+    """stats() copies the counters while background threads add keys to their dicts (a
+    compaction's first reason): asdict() walked them in Python and raised "dictionary
+    changed size during iteration" (seen once in test_model, session 16)."""
+    with DB.open(tmp_path / "db", table_workers=0) as db:
+        stop = threading.Event()
+
+        def grow():
+            i = 0
+            while not stop.is_set():
+                db.counters.compactions_by_reason[f"r{i}"] = i
+                i += 1
+                if i % 64 == 0:
+                    db.counters.compactions_by_reason.clear()
+
+        t = threading.Thread(target=grow)
+        t.start()
+        try:
+            for _ in range(3000):
+                db.stats()
+        finally:
+            stop.set()
+            t.join()
