@@ -23,6 +23,11 @@ A mixin of DB (it uses the DB's state and locks; see engine/db.py for the lock o
   waiting; either raises Cancelled in its thread, so close() never waits for another DB's
   job. A cancelled flush loses nothing: its memtable stays in its log, replayed at the next
   open.
+- Before the manifest edit that makes them live, a job's output tables are opened and checked
+  against what their writer reported (engine/output_check.py, as RocksDB opens its outputs
+  before installing them). One that fails twice fails the job before the edit: nothing is
+  installed, the outputs are removed, and the memtable's log or the compaction's inputs keep
+  the data.
 - A failure (I/O error, corruption) stops the thread and puts the DB in its failed state:
   writes are refused with the error, reads go on, reopening recovers. So does any other
   exception that escapes a thread's loop (a bug): it becomes the DB's error as
@@ -63,6 +68,7 @@ from .compaction.subcompaction import MIN_SPLIT_TARGETS, split, split_points
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import ColumnsOf, MemTable
+from .output_check import check_output, not_installed
 from .table_workers import NoWorker, WorkerLost
 from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
 from .version_edit import VersionEdit
@@ -261,7 +267,8 @@ class Background:
                 self._unreserve(numbers)
                 self._unreserve(taken)
             raise
-        opened = self._open_outputs(m.number for m in metas)
+        opened = self._open_outputs(metas, numbers + taken, "flush",
+                                    "the memtable's write-ahead log still holds its data")
         with self._version_lock:
             with self._mu:
                 i = self._frozen.index(mem)
@@ -284,26 +291,45 @@ class Background:
         self._unreserve(numbers)
         self._unreserve(m.number for m in metas)
 
-    def _open_outputs(self, numbers) -> list[int]:
-        """Open new tables before their version is published, outside the DB mutex: opening
-        one reads its footer, index and filter index (~1.3 ms here), and the read state built
-        under the mutex used to open every output itself. A 1 GB L0 -> L1 compaction has ~250
-        outputs: writers waited ~0.3 s for the mutex (bench/results/db.md "Session 16: put
-        latency"). Best effort: on any error the tables opened here are closed again and the
-        error is left to the publish, which opens them as before and fails as before. Returns
-        the numbers opened (none after an error): if the manifest edit fails, _log_and_apply
-        closes them, so that a failed DB kept open for reads holds no table no version lists.
-        ``numbers``: new tables only, never published. Compactions call this under
+    def _open_outputs(self, metas, reserved, job: str, kept: str) -> list[int]:
+        """Open the new tables ``metas`` (FileMeta) and check each one against its writer's
+        description (engine/output_check.py) before the manifest edit that would make them
+        live; returns their numbers. Raises if one fails twice: the edit is then never made,
+        the outputs are removed and unreserved (with ``reserved``, the numbers reserved for
+        the job), and the error, of the same class, says that nothing was installed and what
+        still holds the data (``job``, ``kept``); the caller's thread puts the DB in its
+        failed state, and a reopen recovers from the log or the compaction's inputs.
+
+        A failure is tried once more (all outputs opened afresh): an open can fail for a
+        moment (EMFILE while another thread holds many descriptors) where the table is sound.
+
+        Done here, outside the DB mutex, so that the read state built under it finds every
+        output open: opening one reads its footer, index and filter index (~1.3 ms), and a
+        1 GB L0 -> L1 compaction has ~250 outputs (bench/results/db.md "Session 16: put
+        latency"). If the manifest edit fails, _log_and_apply closes them, so that a failed DB
+        kept open for reads holds no table no version lists. Compactions call this under
         ``_compaction_lock`` (outside the DB mutex and ``_version_lock``)."""
-        opened: list[int] = []
-        try:
-            for n in numbers:
-                self._tables.get(n)
-                opened.append(n)
-        except Exception:  # noqa: BLE001 - see the docstring
-            self._close_unpublished(opened)
-            return []
-        return opened
+        for attempt in (1, 2):
+            opened: list[int] = []
+            try:
+                for m in metas:
+                    table = self._tables.get(m.number, listed=False)
+                    opened.append(m.number)  # closed again below if its check fails
+                    check_output(table, m)
+                return opened
+            except Exception as exc:  # noqa: BLE001 - tried again, then raised below
+                self._close_unpublished(opened)
+                if attempt == 2:
+                    for m in metas:
+                        self._remove_file(filenames.table_file_name(self.path, m.number))
+                    self._unreserve(reserved)
+                    self._unreserve(m.number for m in metas)
+                    log.error("%s: %s output not installed", self.path, job, exc_info=exc)
+                    err = not_installed(exc, job, kept)
+                    if err is exc:
+                        raise
+                    raise err from exc
+        raise AssertionError("unreachable")
 
     def _close_unpublished(self, numbers) -> None:
         """Close tables opened by _open_outputs that no version published. Best effort: a
@@ -334,7 +360,8 @@ class Background:
         raises Cancelled if the DB is closing, or the job's own error."""
         try:
             result = self._pool.call(self, fn, *args, cancelled=self._is_closing)
-            self.counters.worker_jobs += 1
+            with self._mu:  # flush, compaction and subcompaction threads all count here
+                self.counters.worker_jobs += 1
             return result
         except WorkerLost as exc:
             for n in numbers:  # a killed worker may leave a partial table behind
@@ -352,7 +379,8 @@ class Background:
         return self._closing
 
     def _fell_back(self, fn, reason: str, exc: BaseException) -> None:
-        self.counters.note_worker_fallback(reason)
+        with self._mu:
+            self.counters.note_worker_fallback(reason)
         job = "flush" if fn is flush_job else "compaction"
         log.warning("%s: %s job runs in the DB's thread instead of a table worker (%s): %s",
                     self.path, job, reason, exc)
@@ -559,7 +587,8 @@ class Background:
         """Apply a finished compaction's edit, publish the new version and remove its inputs;
         ``reserved``: the output numbers reserved for it, released once the edit is applied."""
         # A trivial move's "outputs" are its input, open and published already.
-        opened = [] if task.trivial_move else self._open_outputs(f.number for f in result.outputs)
+        opened = [] if task.trivial_move else self._open_outputs(
+            result.outputs, reserved, "compaction", "its input tables stay live")
         with self._version_lock:
             new_version = self._log_and_apply(result.edit, reserved,
                                               [f.number for f in result.outputs], opened)

@@ -19,7 +19,7 @@ never synced stays unsynced, so a later power loss still drops it unless someone
 
 Faults: :meth:`fail_writes_with` (e.g. ENOSPC, optionally after N more bytes, with a partial
 write), :meth:`fail_sync`, :meth:`fail_reads_with`; each raises StorageIOError carrying the
-errno. :meth:`crash_after` raises :class:`InjectedCrash` at the n-th following mutating
+errno. :meth:`garble_on_sync` silently flips a bit of chosen files (bad media: no error). :meth:`crash_after` raises :class:`InjectedCrash` at the n-th following mutating
 operation (create, append, sync, sync_dir, rename, remove, makedirs) and every call after it,
 as if the process had died there, until :meth:`crash` "reboots". Files opened before a crash
 refuse all use afterwards.
@@ -92,6 +92,7 @@ class _FaultWritableFile(WritableFile):
             fs._check_file(self)
             fs._op("sync")
             fs._check_sync(self.path)
+            fs._garble(self)
             super().sync()
             fs._synced[self._key] = self.size
 
@@ -139,6 +140,9 @@ class FaultInjectionFS(FileSystem):
         self._write_budget: int | None = None
         self._sync_errno: int | None = None
         self._read_errno: int | None = None
+        self._garble_match = None
+        self._garble_from_end = 0
+        self.garbled: list[tuple[str, int]] = []
         self.op_count = 0
         self.ops: collections.Counter = collections.Counter()
         self.crashes = 0
@@ -162,6 +166,31 @@ class FaultInjectionFS(FileSystem):
         """Make opening for read and reading fail with ``errno_`` (None: stop failing)."""
         with self._mu:
             self._read_errno = errno_
+
+    def garble_on_sync(self, match, *, from_end: int = 1) -> None:
+        """Make the next sync of each file whose path ``match(path)`` accepts flip one bit of
+        the byte ``from_end`` bytes before the file's end first (None: stop), as a disk or
+        controller that stores other bytes than it was given: the writer's checksums were
+        computed over the right bytes. Each such file is garbled once; ``garbled`` lists
+        ``(path, offset)``."""
+        with self._mu:
+            self._garble_match = match
+            self._garble_from_end = from_end
+
+    def _garble(self, f: "_FaultWritableFile") -> None:
+        match = self._garble_match
+        if match is None or not match(f.path) or any(p == f.path for p, _ in self.garbled):
+            return
+        offset = f.size - self._garble_from_end
+        if offset < 0:
+            return
+        fd = os.open(f.path, os.O_RDWR)  # the writer's own descriptor may be write-only
+        try:
+            byte = os.pread(fd, 1, offset)
+            os.pwrite(fd, bytes([byte[0] ^ 0x10]), offset)
+        finally:
+            os.close(fd)
+        self.garbled.append((f.path, offset))
 
     def crash_after(self, n_ops: int) -> None:
         """Raise InjectedCrash at the ``n_ops``-th mutating operation from now (1 = the next),

@@ -73,8 +73,10 @@ class TableSet:
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._releaser: threading.Thread | None = None  # started by the first ref()
 
-    def get(self, number: int):
-        """The open table for file ``number`` (opened now if needed; no reference taken)."""
+    def get(self, number: int, *, listed: bool = True):
+        """The open table for file ``number`` (opened now if needed; no reference taken).
+        ``listed``: the current version lists it (False: a new output, not yet installed),
+        which only changes the message if its file is missing."""
         with self._lock:
             t = self._tables.get(number)
             if t is not None:
@@ -93,7 +95,9 @@ class TableSet:
         except StorageIOError as exc:
             self._headroom.closed()
             if exc.errno == errno.ENOENT:  # the version names it: the DB lost a file
-                raise CorruptionError("a table the manifest lists is missing", path=path) from None
+                raise CorruptionError("a table the manifest lists is missing" if listed
+                                      else "the new table's file is missing",
+                                      path=path) from None
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 # Every table stays open (RocksDB's default, max_open_files = -1): say so.
                 with self._lock:

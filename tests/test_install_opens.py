@@ -4,7 +4,8 @@ Opening a table reads its footer, index and filter index (~1.3 ms each here); th
 state built under the mutex used to open every output of a compaction itself, and a 1 GB
 L0 -> L1 compaction (~250 outputs) held writers ~0.3 s (bench/results/db.md "Session 16: put
 latency"). engine/background.py ``_open_outputs`` opens them first; on an error it closes
-them again and leaves the open to the publish, which fails as it always did."""
+them and tries once more, and a second failure fails the job before its manifest edit
+(tests/test_output_check.py)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_flush_and_compaction_outputs_open_outside_the_mutex(tmp_path):
         assert db.get(b"missing") is None
 
 
-def test_an_output_that_fails_to_open_early_is_opened_by_the_publish(tmp_path):
+def test_an_output_that_fails_to_open_once_is_opened_by_the_second_try(tmp_path):
     with DB.open(tmp_path / "db", memtable_bytes=64 * 1024, table_workers=0,
                  disable_auto_compactions=True) as db:
         ts = db._tables
@@ -77,7 +78,7 @@ def test_an_output_that_fails_to_open_early_is_opened_by_the_publish(tmp_path):
         ts._open_table = flaky
         db.put(b"k", b"v")
         db.flush()
-        assert failed  # the early open failed, the publish opened it: the flush installed
+        assert failed  # the early open failed, the second try opened it: the flush installed
         assert db.stats()["levels"][0]["tables"] == 1
         assert db.get(b"k") == b"v"
         assert failed[0] in ts.open_tables()

@@ -6,7 +6,8 @@ Plain tests pin what was checked and holds: the reference counts of engine/table
 (an early-opened table sits at zero references, listed by no read state, until the publish
 takes one) with read states held across the install and the releaser thread running inside
 that window; an early open failing part-way (any error, EMFILE included) closes what it
-opened and the publish opens them once more; a trivial move keeps its (published) table
+opened and its second try opens them once more (session 17: before the edit, no longer in
+the publish); a trivial move keeps its (published) table
 when its edit fails; a flush or compaction whose manifest edit fails leaves no output open,
 keeps its inputs, and fails the DB as before (not retried); subcompactions; the filter cap's
 bookkeeping. Every DB is closed, and the process-wide count of open tables
@@ -302,8 +303,8 @@ def test_split_compactions_open_their_outputs_before_publishing(tmp_path):
 @pytest.mark.parametrize("err", ["eio", "emfile"])
 def test_an_early_open_failing_part_way_closes_what_it_opened(tmp_path, err):
     """The third output fails to open early (an I/O error; or EMFILE, with the DB not
-    allowed to raise the limit): the two opened before are closed again, the publish opens
-    all of them afresh, and the compaction installs. With a filter cap, no closed table is
+    allowed to raise the limit): the two opened before are closed again, the second try (since
+    session 17; the publish used to) opens all of them afresh, and the compaction installs. With a filter cap, no closed table is
     left in the cap's ring."""
     base = _open_count()
     failed = []
@@ -325,9 +326,9 @@ def test_an_early_open_failing_part_way_closes_what_it_opened(tmp_path, err):
         assert failed and db.stats()["failed"] is None
         first_two = opens.outputs[:2]
         for n in first_two:
-            early, again = opens.objects[n]  # opened twice: early, then by the publish
+            early, again = opens.objects[n]  # opened twice: early, then the second try
             assert early._closed and not again._closed
-        assert len(opens.objects[failed[0]]) == 1  # only the publish's open succeeded
+        assert len(opens.objects[failed[0]]) == 1  # only the second try's open succeeded
         _settle(db)
         open_now = db._tables.open_tables()
         assert all(open_now[n] is opens.objects[n][-1] for n in opens.outputs)
@@ -337,10 +338,12 @@ def test_an_early_open_failing_part_way_closes_what_it_opened(tmp_path, err):
     assert _open_count() == base
 
 
-def test_an_output_that_cannot_be_opened_at_all_fails_the_flush_as_before(tmp_path):
-    """The early open and the publish's open both fail: the flush fails as it did before the
-    change (after its edit: the DB is failed and says to reopen), and the reopen finds the
-    table and every write. (flush() itself may return: see below; session 16 left that.)"""
+def test_an_output_that_cannot_be_opened_at_all_is_not_installed(tmp_path):
+    """The early open and its second try both fail. Session 17 changed what follows: the
+    flush fails *before* its manifest edit (it used to make the edit, then fail to publish,
+    leaving a manifest that lists a table no open could read). flush() raises, the DB is failed
+    for good, the output file is gone, the memtable's log is kept, and the reopen replays it:
+    every write is there and the failed output is in no version."""
     base = _open_count()
     path = tmp_path / "db"
     # 300 puts fit one memtable here: no background flush may run (and hit the injected
@@ -349,33 +352,34 @@ def test_an_output_that_cannot_be_opened_at_all_fails_the_flush_as_before(tmp_pa
     try:
         model = _fill(db, 300, seed=80)
         assert db.stats()["flushes"] == 0
+        log_number = db._mem.log_number
         bad = []
 
         def fail(number, is_output, nth):
-            if is_output or number in bad:  # (live by the time the publish opens it)
+            if is_output or number in bad:  # the second try opens the same number again
                 bad.append(number)
                 raise StorageIOError("injected open failure", path=f"{number}.sst",
                                      errno_=errno.EIO)
 
         _Opens(db, fail=fail)
-        # The publish fails after the edit and after the memtable left the frozen list, so
-        # flush() may return (the flush is durable: table and edit on disk) or raise (a
-        # write-path check saw the failed state first); either way the DB is failed below.
-        try:
+        with pytest.raises(StorageIOError, match="flush output failed its check before "
+                                                 "install, so nothing was installed"):
             db.flush()
-        except StorageIOError:
-            pass
-        assert len(bad) == 2 and bad[0] == bad[1]  # early, then the publish
+        assert len(bad) == 2 and bad[0] == bad[1]  # the early open, then its second try
         st = db.stats()
         assert st["failed"] is not None and st["failed_retrying"] is False
+        assert st["flushes"] == 0
         assert not set(bad) & set(db._tables.open_tables())
+        assert not os.path.exists(filenames.table_file_name(str(path), bad[0]))
+        assert os.path.exists(filenames.log_file_name(str(path), log_number))
+        assert db._pending_outputs == set()
         _holds(db, model)  # reads go on (the memtable is still in the read state)
     finally:
         db.close()
     assert _open_count() == base
     with DB.open(path, **SMALL) as db:
         _holds(db, model)
-        assert bad[0] in db._version.live_numbers()  # the edit was made before the publish
+        assert bad[0] not in db._version.live_numbers()
 
 
 # ------------------------------------------------------------------------------------------
@@ -559,7 +563,7 @@ def test_a_failing_close_after_a_failed_manifest_edit_keeps_the_manifest_error(t
 # best effort ('on any error ... left to  the publish'), but the unref in its except block is
 # unguarded: a close that raises  escapes, the compaction fails (a raw OSError) instead of
 # installing, and tables after  the failing one are never closed
-def test_a_failing_close_after_a_failed_early_open_leaves_it_to_the_publish(tmp_path):
+def test_a_failing_close_after_a_failed_early_open_leaves_it_to_the_second_try(tmp_path):
     base = _open_count()
     with DB.open(tmp_path / "db", **SMALL) as db:
         model = _two_flushes(db, seed=94)

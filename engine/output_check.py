@@ -1,0 +1,56 @@
+"""The check a new table passes before a manifest edit may make it live.
+
+A flush or compaction writes its output tables (in a table worker or in the DB's thread),
+then opens each one and compares it with what the writer reported, *before* the version edit
+that would list it (engine/background.py ``_open_outputs``). RocksDB does the same: a
+compaction's or flush's outputs are opened through the table cache ("verify that the table is
+usable") before they are installed. Opening reads and checksums the footer, the metaindex, the
+properties, the index and the filter index (engine/sstable/reader.py), so a table damaged
+between the writer and the disk, cut short, or written wrong fails here.
+
+What a failure means: the edit is not made. A flush's memtable stays frozen and its log stays
+on disk; a compaction's inputs stay live. The DB enters its failed state (writes refused, reads
+go on) and a reopen recovers everything from the log and the inputs. Before this check existed,
+such a table was committed first and then failed to open: the reopen met a manifest listing a
+damaged table, while a compaction's inputs were no longer listed anywhere.
+
+Not covered: damage inside a data block (only its own checksum, checked when a read or
+``DB.verify`` reaches it, finds that), as with RocksDB's default (its ``paranoid_file_checks``
+reads every entry back; sievekv has no such option).
+"""
+
+from __future__ import annotations
+
+from .errors import CorruptionError, StorageIOError
+
+
+def check_output(table, meta) -> None:
+    """Raise CorruptionError (naming the file) unless the open ``table`` is the one its writer
+    described in ``meta`` (engine/version_edit.py FileMeta): same file size, entry count and
+    key range."""
+    props = table.properties
+    for what, got, want in (("file size", table.file_size, meta.size),
+                            ("entry count", props.num_entries, meta.num_entries),
+                            ("smallest key", table.smallest, meta.smallest),
+                            ("largest key", table.largest, meta.largest)):
+        if got != want:
+            raise CorruptionError(f"new table's {what} is {got!r} where its writer wrote "
+                                  f"{want!r}", path=table.path)
+
+
+def not_installed(exc: BaseException, job: str, kept: str) -> BaseException:
+    """``exc``, a new table's failed open or check, as the error the DB reports: the same
+    class (a CorruptionError stays DATA_LOSS, an I/O error keeps its errno), its message saying
+    that the ``job``'s output was not installed and what still holds the data (``kept``).
+    Other exceptions are returned unchanged (a bug: the background thread reports it)."""
+    what = f"{job} output failed its check before install, so nothing was installed ({kept})"
+    if isinstance(exc, CorruptionError):
+        return CorruptionError(f"{what}: {exc.message}", path=exc.path, offset=exc.offset)
+    if isinstance(exc, StorageIOError):
+        detail = str(exc.strerror)
+        suffix = f": {exc.path}"
+        if exc.path is not None and detail.endswith(suffix):  # the constructor adds it again
+            detail = detail[:-len(suffix)]
+        return StorageIOError(f"{what}: {detail}", path=exc.path, errno_=exc.errno,
+                              retryable=False)
+    return exc
