@@ -22,6 +22,11 @@ costs one dict store and, for a new key, one list append.
 Thread safety:
 - One writer at a time calls :meth:`add` (the DB holds its mutex or is the group-commit
   leader); it holds ``self.lock`` while it mutates.
+- A batch (a group commit's writes) becomes visible to readers at once: :meth:`add` builds
+  its records first, then stores them with one ``dict.update``, a C call that runs no Python
+  code for bytes keys and values (and allocates no object the garbage collector tracks), so
+  no other thread runs during it. Storing them one by one let a lock-free reader see the
+  first keys of a batch written and the last not yet (tests/test_batch_visibility.py).
 - :attr:`get_record` (the hot path: DB.get) and :meth:`get` take no lock: one ``dict.get``
   (atomic under the GIL).
 - :meth:`iterate` copies the requested range lazily, ``chunk`` entries at a time, under
@@ -116,15 +121,16 @@ class MemTable:
             return first_seq
         size = 0
         seq = first_seq - 1
+        batch = {}  # later pairs for the same key win, as in one store after another
+        for kind, key, value in ops:
+            seq += 1
+            batch[key] = _pack_tag(seq << 8 | kind) + value
+            size += len(key) + len(value)
         with self.lock:
-            pending = self._pending  # under the lock: _sorted_keys() replaces the list
-            for kind, key, value in ops:
-                seq += 1
-                if key not in data:
-                    pending.append(key)
-                data[key] = _pack_tag(seq << 8 | kind) + value
-                size += len(key) + len(value) + ENTRY_OVERHEAD
-            self.approximate_bytes += size
+            # _pending under the lock: _sorted_keys() replaces the list
+            self._pending.extend([k for k in batch if k not in data])  # the new keys
+            data.update(batch)  # visible to lock-free readers at once (module docstring)
+            self.approximate_bytes += size + len(ops) * ENTRY_OVERHEAD
         return seq
 
     def _sorted_keys(self) -> SortedList:
