@@ -57,8 +57,8 @@ from .block_cache import BlockCache
 from .compaction import full_task, pick, rewrite_tasks
 from .compaction.picker import compaction_debt
 from .compaction.births import Births
-from .errors import (ClosedError, InvalidArgumentError, ResultTooLargeError, SieveError,
-                     StorageIOError)
+from .errors import (ClosedError, CorruptionError, InvalidArgumentError, ResultTooLargeError,
+                     SieveError, StorageIOError)
 from .filter_cap import FilterCap
 from .format import KIND_DELETE, KIND_VALUE
 from .group_commit import GroupCommit
@@ -664,7 +664,11 @@ class DB(Background):
     def flush(self) -> None:
         """Freeze the memtable (if not empty) and wait until it, and every memtable frozen
         before it, is in L0. Memtables frozen later by other writers are not waited for (under
-        a steady stream of writes, "until none is frozen" could wait for ever)."""
+        a steady stream of writes, "until none is frozen" could wait for ever).
+
+        Raises the DB's error if it fails meanwhile: CorruptionError when that error is one
+        (e.g. the flush's table failed its check, engine/output_check.py), else the
+        StorageIOError that refuses writes."""
         with self._mu:
             self._check_writable()
         # Enter as a writer so the switch is ordered with concurrent writes.
@@ -673,6 +677,12 @@ class DB(Background):
             # Newest first, flushed oldest first: once this one is gone, so are older ones.
             target = self._frozen[0] if self._frozen else None
             while target is not None and any(m is target for m in self._frozen):
+                err = self._bg_error
+                if isinstance(err, CorruptionError) and not self._closing:
+                    # The flush (or a compaction) met damage: say so as compact() does
+                    # (DATA_LOSS through a shard), not as the refusal of a write.
+                    raise CorruptionError(err.message, path=err.path,
+                                          offset=err.offset) from err
                 self._check_writable()
                 self._bg_cv.wait(0.5)
 

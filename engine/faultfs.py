@@ -234,6 +234,7 @@ class FaultInjectionFS(FileSystem):
             self._crash_at = None
             self._write_errno = self._write_budget = None
             self._sync_errno = self._read_errno = None
+            self._garble_match = None  # (``garbled`` stays: what the disk holds)
             self.crashes += 1
 
     drop_unsynced_data = crash  # LevelDB's name for the same thing

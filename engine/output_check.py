@@ -4,24 +4,34 @@ A flush or compaction writes its output tables (in a table worker or in the DB's
 then opens each one and compares it with what the writer reported, *before* the version edit
 that would list it (engine/background.py ``_open_outputs``). RocksDB does the same: a
 compaction's or flush's outputs are opened through the table cache ("verify that the table is
-usable") before they are installed. Opening reads and checksums the footer, the metaindex, the
-properties, the index and the filter index (engine/sstable/reader.py), so a table damaged
-between the writer and the disk, cut short, or written wrong fails here.
+usable") before they are installed; recovery at open does the same for the L0 tables it
+writes from the replayed logs, before the edit after which those logs are deleted
+(:func:`check_new_tables`). Opening reads and checksums the footer, the metaindex, the
+properties, the index and the filter index (engine/sstable/reader.py), so a table written
+wrong, cut short, or different from what its writer meant fails here.
 
 What a failure means: the edit is not made. A flush's memtable stays frozen and its log stays
-on disk; a compaction's inputs stay live. The DB enters its failed state (writes refused, reads
-go on) and a reopen recovers everything from the log and the inputs. Before this check existed,
-such a table was committed first and then failed to open: the reopen met a manifest listing a
-damaged table, while a compaction's inputs were no longer listed anywhere.
+on disk; a compaction's inputs stay live; an open fails with the logs it replayed still on
+disk. The DB enters its failed state (writes refused, reads go on) and a reopen recovers
+everything from the log and the inputs. Before this check existed, such a table was committed
+first and then failed to open: the reopen met a manifest listing a damaged table, while a
+compaction's inputs (or recovery's logs) were no longer listed anywhere.
 
-Not covered: damage inside a data block (only its own checksum, checked when a read or
-``DB.verify`` reaches it, finds that), as with RocksDB's default (its ``paranoid_file_checks``
-reads every entry back; sievekv has no such option).
+Not covered:
+- Damage on the medium itself. The check reads the file right after it was written, through
+  the OS page cache, which still holds the writer's bytes; bytes the disk stores wrong show
+  only once those pages are read from the disk again, where every read checks the checksums
+  of what it reads and ``DB.verify`` checks them all. RocksDB's check has the same reach.
+- Damage inside a data block (only its own checksum, checked when a read or ``DB.verify``
+  reaches it, finds that), as with RocksDB's default (its ``paranoid_file_checks`` reads every
+  entry back; sievekv has no such option).
 """
 
 from __future__ import annotations
 
-from .errors import CorruptionError, StorageIOError
+from .errors import CorruptionError, SieveError, StorageIOError
+from .filenames import table_file_name
+from .sstable.reader import Table
 
 
 def check_output(table, meta) -> None:
@@ -36,6 +46,33 @@ def check_output(table, meta) -> None:
         if got != want:
             raise CorruptionError(f"new table's {what} is {got!r} where its writer wrote "
                                   f"{want!r}", path=table.path)
+
+
+def check_new_tables(fs, dirname: str, metas) -> None:
+    """Open each new table of ``metas`` (FileMeta) in ``dirname``, :func:`check_output` it and
+    close it (recovery's tables, before their edit). A failure is tried once more; a second
+    one removes every table of ``metas`` and raises :func:`not_installed`'s error."""
+    for attempt in (1, 2):
+        try:
+            for m in metas:
+                table = Table.open(fs, table_file_name(dirname, m.number), file_number=m.number)
+                try:
+                    check_output(table, m)
+                finally:
+                    table.close()
+            return
+        except Exception as exc:  # noqa: BLE001 - tried again, then raised below
+            if attempt == 2:
+                for m in metas:
+                    try:
+                        fs.remove(table_file_name(dirname, m.number))
+                    except SieveError:
+                        pass  # an unlisted table is removed at the next open
+                err = not_installed(exc, "recovery", "the write-ahead logs replayed stay on "
+                                    "disk, for the next open")
+                if err is exc:
+                    raise
+                raise err from exc
 
 
 def not_installed(exc: BaseException, job: str, kept: str) -> BaseException:
