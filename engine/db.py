@@ -394,10 +394,10 @@ class DB(Background):
     def write(self, batch, sync: bool | None = None) -> None:
         """Apply ``batch`` = iterable of (key, value) atomically; value None deletes the key.
 
-        All or nothing, also across a crash (one log record), and for readers: a concurrent
-        get or multi_get that sees one of its writes sees every one of them (the memtable
-        stores a batch in one step, engine/memtable.py). Later pairs win over earlier pairs
-        for the same key.
+        All or nothing, also across a crash (one log record), and for readers: once a read
+        has returned one of its writes, every later read sees all of them, or newer ones (the
+        memtable stores a batch in one step, engine/memtable.py). Later pairs win over
+        earlier pairs for the same key.
         """
         ops = []
         nbytes = 0
