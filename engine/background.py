@@ -146,6 +146,9 @@ class Background:
     """Flush and compaction for DB (mixin). REQUIRES the attributes DB._init sets."""
 
     _running: RunningCompaction | None = None  # the compaction in progress, for stats()
+    # The error of the last flush that failed (DB.flush tells its own failure from another
+    # job's); set under _mu.
+    _flush_failure: BaseException | None = None
 
     def _full_disk(self, exc: BaseException) -> bool:
         """``exc`` is a full disk that a retry may get past (module docstring, "Full disk")."""
@@ -209,6 +212,7 @@ class Background:
             except BaseException as exc:  # noqa: BLE001 - recorded, surfaced to writers
                 with self._mu:
                     self._flush_attempts += 1
+                    self._flush_failure = exc
                     if isinstance(exc, Cancelled):
                         self._bg_cv.notify_all()
                         return
@@ -225,6 +229,7 @@ class Background:
                 return
             with self._mu:
                 self._flush_attempts += 1
+                self._flush_failure = None
                 if self._bg_error is not None and self._bg_recoverable:
                     self._bg_error = None  # space came back: writes go on
                     self._bg_recoverable = False

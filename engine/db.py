@@ -668,9 +668,9 @@ class DB(Background):
         before it, is in L0. Memtables frozen later by other writers are not waited for (under
         a steady stream of writes, "until none is frozen" could wait for ever).
 
-        Raises the DB's error if it fails meanwhile: CorruptionError when that error is one
-        (e.g. the flush's table failed its check, engine/output_check.py), else the
-        StorageIOError that refuses writes."""
+        Raises if the DB fails meanwhile: CorruptionError when the flush of this memtable (or
+        an older one) failed with one (its table failed its check, engine/output_check.py),
+        else the StorageIOError that refuses writes (naming the DB's error)."""
         with self._mu:
             self._check_writable()
         # Enter as a writer so the switch is ordered with concurrent writes.
@@ -679,10 +679,11 @@ class DB(Background):
             # Newest first, flushed oldest first: once this one is gone, so are older ones.
             target = self._frozen[0] if self._frozen else None
             while target is not None and any(m is target for m in self._frozen):
-                err = self._bg_error
+                err = self._flush_failure
                 if isinstance(err, CorruptionError) and not self._closing:
-                    # The flush (or a compaction) met damage: say so as compact() does
-                    # (DATA_LOSS through a shard), not as the refusal of a write.
+                    # A flush this one waits for met damage (flushes run oldest first and stop
+                    # at a failure): say so as compact() does (DATA_LOSS through a shard), not
+                    # as the refusal of a write. Another job's damage is the refusal's cause.
                     raise CorruptionError(err.message, path=err.path,
                                           offset=err.offset) from err
                 self._check_writable()

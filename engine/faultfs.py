@@ -19,9 +19,10 @@ never synced stays unsynced, so a later power loss still drops it unless someone
 
 Faults: :meth:`fail_writes_with` (e.g. ENOSPC, optionally after N more bytes, with a partial
 write), :meth:`fail_sync`, :meth:`fail_reads_with`; each raises StorageIOError carrying the
-errno. :meth:`garble_on_sync` silently flips a bit of chosen files (bad media: no error). :meth:`crash_after` raises :class:`InjectedCrash` at the n-th following mutating
-operation (create, append, sync, sync_dir, rename, remove, makedirs) and every call after it,
-as if the process had died there, until :meth:`crash` "reboots". Files opened before a crash
+errno. :meth:`garble_on_sync` silently flips a bit of chosen files (bad media: no error).
+:meth:`crash_after` raises :class:`InjectedCrash` at the n-th following mutating operation
+(create, append, sync, sync_dir, rename, remove, makedirs) and every call after it, as if the
+process had died there, until :meth:`crash` "reboots". Files opened before a crash
 refuse all use afterwards.
 
 Not modelled: directories' own durability (a created directory always survives), reordering of

@@ -22,8 +22,8 @@ Steps (LevelDB's ``DB::Open``):
    (~0.15 s per MB measured), a table costs that once (RocksDB and LevelDB by default always
    write recovered logs to L0).
 5. Open and check each new L0 table (engine/output_check.py; one that fails fails the open,
-   with the logs still on disk), then record in one manifest edit the new L0 tables, the new log's number (every older log is
-   then obsolete) and the last sequence number.
+   with the logs still on disk), then record in one manifest edit the new L0 tables, the new
+   log's number (every older log is then obsolete) and the last sequence number.
 6. Remove what a crash left behind: tables no version references, logs below the log number,
    old manifests, temp files.
 

@@ -39,7 +39,7 @@ Checked and holds (plain tests below, or by reading):
 - flush() and close(): a close while flush() waits ends it with ClosedError (or a return,
   if the flush finished first); the shard maps a CorruptionError to DATA_LOSS.
 
-Findings (strict xfails):
+Findings (strict xfails when written; both fixed in session 17, now plain tests):
 
 1. flush() raises the DB's CorruptionError as soon as it sees one while it waits, without
    asking whether its own memtable is being flushed. When a background compaction fails (here
@@ -229,8 +229,8 @@ def test_close_while_flush_waits_ends_the_flush_with_closed_error(tmp_path):
 # ------------------------------------------------------------------------------------------
 # findings
 # ------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="flush() raises a compaction's CorruptionError (the "
-                   "shard answers DATA_LOSS) for a flush that completes and loses nothing")
+# Fixed in session 17; was a strict xfail: flush() raises a compaction's CorruptionError (the
+# shard answers DATA_LOSS) for a flush that completes and loses nothing
 def test_a_compaction_failing_while_flush_waits_is_not_reported_as_the_flush_losing_data(
         tmp_path):
     path = str(tmp_path / "db")
@@ -290,8 +290,8 @@ def test_a_compaction_failing_while_flush_waits_is_not_reported_as_the_flush_los
         f"the shard's Flush would answer DATA_LOSS for a flush that succeeded: {raised}")
 
 
-@pytest.mark.xfail(strict=True, reason="`sievekv flush` exits 4 (partial) when every shard "
-                   "failed with DATA_LOSS; docs/cli.md gives 1 for data loss")
+# Fixed in session 17; was a strict xfail: `sievekv flush` exits 4 (partial) when every shard
+# failed with DATA_LOSS; docs/cli.md gives 1 for data loss
 def test_flush_with_data_loss_on_every_shard_exits_as_documented(capsys):
     from router.cli import report_cmds
     from router.cli.exit_codes import ERROR, CliError

@@ -13,10 +13,13 @@ import threading
 
 import grpc
 
+from shard.status import one_line
+
 from ..config import default_config_text
 from ..humanize import format_bytes, format_count, format_duration
 from . import config_toml, rpc, target
-from .exit_codes import ERROR, INTERRUPTED, OK, PARTIAL, UNREACHABLE, CliError, from_rpc_error
+from .exit_codes import (ERROR, INTERRUPTED, OK, PARTIAL, UNREACHABLE, CliError, code_for_grpc,
+                         from_rpc_error)
 from .filters import cmd_filters  # noqa: F401  (re-exported for app.py)
 from .progress import StatusLine
 from .table import render
@@ -186,16 +189,28 @@ class _DeadlineExceeded(CliError):
 
 
 def _print_sections(sections: list, method: str, done: str, raise_on_failure: bool = True) -> int:
-    failed = 0
+    """Print one line per shard section; raise CliError if any failed: PARTIAL when others
+    succeeded, else the exit code of the failures' status (docs/cli.md "Exit codes": DATA_LOSS
+    is 1, RESOURCE_EXHAUSTED 7...) when they agree, 1 when they differ. The error line names
+    each failed shard with its status and error, as ``_finish_partial`` does."""
+    failures = []
     for s in sections:
         if s.ok:
             print(f"{s.shard:<10} {done}")
         else:
-            failed += 1
             code = _code(s.code)
+            failures.append((s, code))
             print(f"{s.shard:<10} FAILED: {code.name if code else s.code}: {s.error}")
-    if failed and raise_on_failure:
-        raise CliError(f"{method} failed on {failed} of {len(sections)} shards", PARTIAL)
+    if failures and raise_on_failure:
+        each = "; ".join(f"{s.shard}: {c.name if c else s.code}: {one_line(s.error, 300)}"
+                         for s, c in failures)
+        if len(failures) < len(sections):
+            exit_code = PARTIAL
+        else:
+            codes = {code_for_grpc(c, s.error) for s, c in failures}
+            exit_code = codes.pop() if len(codes) == 1 else ERROR
+        raise CliError(f"{method} failed on {len(failures)} of {len(sections)} shards: {each}",
+                       exit_code)
     return OK
 
 
