@@ -56,7 +56,7 @@ class RocksBackend:
     def _write_options(self, sync):
         return self._wo[self._sync_default if sync is None else bool(sync)]
 
-    def put(self, key, value, sync=None):
+    def put(self, key, value, sync=None, timeout=None):  # timeout: not bounded here
         self._check(key, value)
         self._db.put(key, value, self._write_options(sync))
 
@@ -64,11 +64,11 @@ class RocksBackend:
         self._check(key)
         return self._db.get(key)
 
-    def delete(self, key, sync=None):
+    def delete(self, key, sync=None, timeout=None):
         self._check(key)
         self._db.delete(key, self._write_options(sync))
 
-    def write(self, batch, sync=None):
+    def write(self, batch, sync=None, timeout=None):
         wb = WriteBatch(raw_mode=True)
         for key, value in batch:
             self._check(key, value)

@@ -48,16 +48,16 @@ class DictBackend:
     def open(cls, path, **_options):
         return cls()
 
-    def put(self, key, value, sync=None):
+    def put(self, key, value, sync=None, timeout=None):  # timeout: not bounded here
         self.d[key] = value
 
     def get(self, key):
         return self.d.get(key)
 
-    def delete(self, key, sync=None):
+    def delete(self, key, sync=None, timeout=None):
         self.d.pop(key, None)
 
-    def write(self, batch, sync=None):
+    def write(self, batch, sync=None, timeout=None):
         for k, v in batch:
             if v is None:
                 self.d.pop(k, None)

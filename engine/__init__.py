@@ -7,7 +7,7 @@ b'v'
 """
 
 from .errors import (ClosedError, CorruptionError, InvalidArgumentError, LockedError,
-                     ResultTooLargeError, SieveError, StorageIOError)
+                     ResultTooLargeError, SieveError, StorageIOError, WriteStalledError)
 
 
 def __getattr__(name: str):
@@ -22,4 +22,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 __all__ = ["DB", "Options", "SieveError", "InvalidArgumentError", "CorruptionError",
-           "StorageIOError", "ClosedError", "LockedError", "ResultTooLargeError"]
+           "StorageIOError", "ClosedError", "LockedError", "ResultTooLargeError",
+           "WriteStalledError"]

@@ -21,7 +21,9 @@ targets (engine/background.py, engine/compaction/). Tables are written by worker
 (engine/table_workers.py) so that this CPU work does not take the GIL from gets and puts.
 Writers are held to an adaptive byte rate (``delayed_write_rate``, engine/write_controller.py)
 once L0 holds ``l0_slowdown_trigger`` tables and wait once it holds ``l0_stop_trigger`` or
-when ``max_frozen_memtables`` are waiting for a flush; the time is counted in stats().
+when ``max_frozen_memtables`` are waiting for a flush; the time is counted in stats(). A write
+given a ``timeout`` gives up with WriteStalledError, nothing applied, rather than wait longer
+(the shard passes what is left of the call's deadline; engine/group_commit.py, "Deadlines").
 
 Unsynced writes take a fast path when no other writer is active: they are logged and applied
 under the mutex without entering the group-commit queue.
@@ -58,10 +60,10 @@ from .compaction import full_task, pick, rewrite_tasks
 from .compaction.picker import compaction_debt
 from .compaction.births import Births
 from .errors import (ClosedError, CorruptionError, InvalidArgumentError, ResultTooLargeError,
-                     SieveError, StorageIOError)
+                     SieveError, StorageIOError, WriteStalledError)
 from .filter_cap import FilterCap
 from .format import KIND_DELETE, KIND_VALUE
-from .group_commit import GroupCommit
+from .group_commit import GroupCommit, Withdrawn
 from .iterators import merge_newest
 from .manifest import Manifest
 from .memtable import MemTable
@@ -377,21 +379,29 @@ class DB(Background):
     # ------------------------------------------------------------------------------------
     # writes
     # ------------------------------------------------------------------------------------
-    def put(self, key: bytes, value: bytes, sync: bool | None = None) -> None:
-        """Set ``key`` to ``value``. Returns once logged (and fsynced if sync)."""
+    def put(self, key: bytes, value: bytes, sync: bool | None = None, *,
+            timeout: float | None = None) -> None:
+        """Set ``key`` to ``value``. Returns once logged (and fsynced if sync).
+
+        ``timeout`` (seconds; every write takes it): wait at most this long for room while
+        writes are held (a write stall: L0 or the frozen memtables at their limit, or writes
+        held to ``delayed_write_rate``), else raise WriteStalledError with nothing applied.
+        A write that finds room is applied, however late. None: wait as long as it takes.
+        """
         if type(key) is not bytes or not key or len(key) > self._max_key:
             key = self._check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = self._check_value(value)
-        self._write([(KIND_VALUE, key, value)], len(key) + len(value), sync)
+        self._write([(KIND_VALUE, key, value)], len(key) + len(value), sync, timeout)
 
-    def delete(self, key: bytes, sync: bool | None = None) -> None:
+    def delete(self, key: bytes, sync: bool | None = None, *,
+               timeout: float | None = None) -> None:
         """Delete ``key`` (a tombstone; deleting an absent key is not an error)."""
         if type(key) is not bytes or not key or len(key) > self._max_key:
             key = self._check_key(key)
-        self._write([(KIND_DELETE, key, b"")], len(key), sync)
+        self._write([(KIND_DELETE, key, b"")], len(key), sync, timeout)
 
-    def write(self, batch, sync: bool | None = None) -> None:
+    def write(self, batch, sync: bool | None = None, *, timeout: float | None = None) -> None:
         """Apply ``batch`` = iterable of (key, value) atomically; value None deletes the key.
 
         All or nothing, also across a crash (one log record), and for readers: once a read
@@ -415,13 +425,14 @@ class DB(Background):
                 ops.append((KIND_VALUE, key, value))
                 nbytes += len(key) + len(value)
         if ops:
-            self._write(ops, nbytes, sync)
+            self._write(ops, nbytes, sync, timeout)
         elif self._rs is None:
             raise ClosedError("DB is closed")
 
-    def _write(self, ops: list, nbytes: int, sync) -> None:
+    def _write(self, ops: list, nbytes: int, sync, timeout=None) -> None:
         if nbytes > self._log_check_bytes:  # one compare on the hot path
             self._check_log_room(ops, nbytes)
+        deadline = None if timeout is None else self._deadline(timeout)
         if sync is None:
             sync = self._sync
         if not sync:
@@ -455,15 +466,31 @@ class DB(Background):
                 mu.release()
         if self._closing:
             raise ClosedError("DB is closed")
-        self._gc.write(ops, bool(sync), nbytes, self._commit)
+        try:
+            self._gc.write(ops, bool(sync), nbytes, self._commit, deadline=deadline,
+                           prepare=self._prepare_commit)
+        except Withdrawn:  # its deadline passed, in the queue or waiting for room
+            raise self._stalled(timeout) from None
 
-    def _commit(self, group) -> None:
-        """Group-commit leader: log, sync, apply. REQUIRES: self._mu held (released for I/O)."""
+    def _deadline(self, timeout) -> float:
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not timeout >= 0):
+            raise InvalidArgumentError(f"write timeout must be None or seconds >= 0, got "
+                                       f"{timeout!r}")
+        return time.monotonic() + timeout
+
+    def _prepare_commit(self, leader, group_bytes: int) -> None:
+        """Group-commit leader, before it forms its group: make room, waiting for the leader
+        alone (engine/group_commit.py), charging the group it would form now to the write
+        controller. REQUIRES: self._mu held (released while waiting)."""
         if (self._mem.approximate_bytes >= self._memtable_bytes or self._log_broken
                 or self._bg_error is not None or self._closing
                 or len(self._version.levels[0]) >= self._l0_slowdown):
-            self._make_room_for_write(force=False,
-                                      nbytes=sum(w.nbytes for w in group))
+            self._make_room_for_write(force=False, nbytes=group_bytes, deadline=leader.deadline)
+
+    def _commit(self, group) -> None:
+        """Group-commit leader: log, sync, apply; room was made by _prepare_commit, under the
+        mutex held since. REQUIRES: self._mu held (released for I/O)."""
         if len(group) == 1:
             w = group[0]
             ops = w.ops
@@ -508,6 +535,27 @@ class DB(Background):
         if sync:
             self._synced_groups += 1
 
+    def _stalled(self, timeout) -> WriteStalledError:
+        """The error of a write that gave up at its ``timeout``, naming what holds writes."""
+        opts = self.options
+        with self._mu:
+            self.counters.write_timeouts += 1
+            l0 = len(self._version.levels[0])
+            frozen = len(self._frozen)
+            rate = self.write_controller.rate if self.write_controller.delayed else None
+        if l0 >= opts.l0_stop_trigger and not opts.disable_auto_compactions:
+            why = f"L0 holds {l0} tables, at l0_stop_trigger ({opts.l0_stop_trigger})"
+        elif frozen >= opts.max_frozen_memtables:
+            why = (f"{frozen} memtables wait for their flush, at max_frozen_memtables "
+                   f"({opts.max_frozen_memtables})")
+        elif rate is not None:
+            why = (f"writes are held to {rate / (1 << 20):.2f} MiB/s while L0 holds {l0} "
+                   f"tables (l0_slowdown_trigger {opts.l0_slowdown_trigger})")
+        else:
+            why = "queued behind other writes"
+        return WriteStalledError(f"write not applied: the DB holds writes ({why}) and it "
+                                 f"would wait past its timeout of {timeout:g} s; retry later")
+
     def _check_log_room(self, ops: list, nbytes: int) -> None:
         """Refuse a write too large for one log record, before it is encoded or logged: a
         caller's error (InvalidArgumentError), not a log failure."""
@@ -518,9 +566,12 @@ class DB(Background):
                 f"write of {len(ops)} operations is {size} bytes as a log record, over the "
                 f"write-ahead log's record limit of {limit} bytes; split it into smaller batches")
 
-    def _make_room_for_write(self, force: bool, nbytes: int = 0) -> None:
+    def _make_room_for_write(self, force: bool, nbytes: int = 0,
+                             deadline: float | None = None) -> None:
         """Switch memtables when full (or forced); slow down a write of ``nbytes`` (key +
-        value bytes) or wait under pressure.
+        value bytes) or wait under pressure. Raises Withdrawn (engine/group_commit.py) if the
+        wait would end after ``deadline`` (monotonic seconds; None: no bound): at once for a
+        slowdown, when it passes for a stop.
 
         REQUIRES: self._mu held; may release it while sleeping or waiting.
         """
@@ -543,6 +594,8 @@ class DB(Background):
                 now = time.monotonic()
                 pause = wc.delay(nbytes, now)
                 if pause > 0:
+                    if deadline is not None and now + pause > deadline:
+                        raise Withdrawn()
                     self._slowdown_wait(now + pause)
                     self.counters.slowdown_s += time.monotonic() - now
                     self.counters.slowdowns += 1
@@ -563,8 +616,13 @@ class DB(Background):
                             f"DB refuses writes while L0 holds {l0} tables (l0_stop_trigger) "
                             f"and compactions fail ({err}); they are retried",
                             path=self.path, errno_=getattr(err, "errno", None)) from err
+                wait = 0.5
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise Withdrawn()
                 t0 = time.perf_counter()
-                self._bg_cv.wait(0.5)
+                self._bg_cv.wait(wait)
                 self.counters.stop_s += time.perf_counter() - t0
                 self.counters.stops += 1
             else:

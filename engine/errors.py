@@ -15,6 +15,8 @@ StorageIOError              INTERNAL            the operating system refused an 
 ClosedError                 UNAVAILABLE         the DB (or table) was already closed
 LockedError                 FAILED_PRECONDITION another process holds the directory lock
 ResultTooLargeError         RESOURCE_EXHAUSTED  an answer would exceed the byte limit asked for
+WriteStalledError           RESOURCE_EXHAUSTED  a write with a timeout was held longer (write
+                                                stall) and was not applied
 ==========================  ==================  =================================
 """
 
@@ -72,6 +74,12 @@ class StorageIOError(SieveError, OSError):
 class ResultTooLargeError(SieveError):
     """An answer would be larger than the caller's byte limit (``DB.multi_get(max_bytes=)``);
     raised before the whole answer is built."""
+
+
+class WriteStalledError(SieveError):
+    """A write given a ``timeout`` would have waited longer for room (a write stall: L0 or
+    the frozen memtables at their limit, writes held to a rate, or queued behind such a
+    write) and was **not applied**: nothing of it reached the log, so retrying it is safe."""
 
 
 class ClosedError(SieveError):

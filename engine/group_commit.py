@@ -12,6 +12,16 @@ Group rules (as LevelDB): a group holds at most ``max_group_bytes`` of keys and 
 when the leader is small, so a small write does not wait for a big one); a write that asked for
 sync never joins the group of a leader that did not (it would be acknowledged unsynced).
 
+Deadlines (RocksDB's ``no_slowdown`` generalised to a wait bound): a write may carry a
+``deadline`` (``time.monotonic()`` seconds). A follower still waiting in the queue when its
+deadline passes leaves it and raises :class:`Withdrawn` (it is in no group yet, so nothing of
+it is written). Once a leader has taken it into its group it is written with the group, late
+or not. A leader runs ``prepare(leader, group_bytes)`` before it forms its group: waiting for
+room (a write stall) happens there, for the leader alone, so a leader that gives up at its
+deadline fails alone, and the followers behind it keep their own deadlines. The group it then
+forms holds at most ``group_bytes`` (what prepare charged to the write controller); writers
+that queued meanwhile form the next group.
+
 Thread safety: :meth:`write` may be called from any number of threads. ``commit`` is called
 with the mutex held, by one thread at a time, and must leave it held when it returns.
 """
@@ -19,21 +29,30 @@ with the mutex held, by one thread at a time, and must leave it held when it ret
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Callable
 
 
+class Withdrawn(Exception):
+    """A queued write's deadline passed before any leader took it: it was not written."""
+
+
 class Writer:
-    """One queued write: its operations, sync flag and (once done) outcome."""
+    """One queued write: its operations, sync flag, deadline and (once done) outcome."""
 
-    __slots__ = ("ops", "sync", "nbytes", "commit", "solo", "done", "error")
+    __slots__ = ("ops", "sync", "nbytes", "commit", "solo", "deadline", "taken", "done",
+                 "error")
 
-    def __init__(self, ops: list, sync: bool, nbytes: int, commit, solo: bool):
+    def __init__(self, ops: list, sync: bool, nbytes: int, commit, solo: bool,
+                 deadline: float | None = None):
         self.ops = ops
         self.sync = sync
         self.nbytes = nbytes
         self.commit = commit
         self.solo = solo
+        self.deadline = deadline
+        self.taken = False  # in a leader's group: written with it, whatever its deadline
         self.done = False
         self.error: BaseException | None = None
 
@@ -52,24 +71,46 @@ class GroupCommit:
         self.grouped_writes = 0
 
     def write(self, ops: list, sync: bool, nbytes: int, commit: Callable[[list[Writer]], None],
-              solo: bool = False) -> None:
+              solo: bool = False, deadline: float | None = None,
+              prepare: Callable[[Writer, int], None] | None = None) -> None:
         """Queue ``ops`` and return once a leader (maybe this thread) committed them.
 
         Raises the error ``commit`` raised for the group this write belonged to. A ``solo``
         writer (e.g. a flush request, whose ``commit`` differs) is always a group of its own:
         it runs its ``commit`` in queue order with the writes before and after it.
+        ``deadline`` and ``prepare``: see the module docstring; raises :class:`Withdrawn`
+        if the deadline passed in the queue, or what ``prepare`` raised (nothing written).
         """
-        w = Writer(ops, sync, nbytes, commit, solo)
+        w = Writer(ops, sync, nbytes, commit, solo, deadline)
         q = self._queue
         with self._mu:
             q.append(w)
             while not w.done and q[0] is not w:
-                self._cv.wait()
+                if deadline is None or w.taken:
+                    self._cv.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    q.remove(w)  # not the head (that one leads), in no group: not written
+                    raise Withdrawn()
+                self._cv.wait(left)
             if w.done:
                 if w.error is not None:
                     raise w.error
                 return
-            group = self._build_group(w)
+            budget = None
+            if prepare is not None and not solo:
+                budget = self._group_bytes(w)
+                try:
+                    prepare(w, budget)
+                except BaseException:
+                    q.popleft()  # this leader alone fails; the next writer leads
+                    if q:
+                        self._cv.notify_all()
+                    raise
+            # At most the bytes prepare was told of: writers that queued while it waited
+            # (the mutex released) form the next group, which prepares (and pays) again.
+            group = self._build_group(w, budget)
             err = None
             try:
                 w.commit(group)
@@ -90,13 +131,25 @@ class GroupCommit:
         """Writes queued or in progress. REQUIRES: the mutex held."""
         return len(self._queue)
 
-    def _build_group(self, leader: Writer) -> list[Writer]:
+    def _group_bytes(self, leader: Writer) -> int:
+        """Bytes of the group ``leader`` would form now (what ``prepare`` charges)."""
+        return sum(x.nbytes for x in self._members(leader))
+
+    def _build_group(self, leader: Writer, budget: int | None = None) -> list[Writer]:
+        group = self._members(leader, budget)
+        for x in group:
+            x.taken = True
+        return group
+
+    def _members(self, leader: Writer, budget: int | None = None) -> list[Writer]:
         q = self._queue
         if len(q) == 1 or leader.solo:
             return [leader]
         limit = self.max_group_bytes
         if leader.nbytes <= 128 << 10:
             limit = min(limit, leader.nbytes + (128 << 10))
+        if budget is not None:
+            limit = min(limit, budget)
         group = [leader]
         size = leader.nbytes
         for x in list(q)[1:]:

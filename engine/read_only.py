@@ -115,13 +115,13 @@ class ReadOnlyDB(DB):
             raise ClosedError("DB is closed")
         raise ReadOnlyError(f"{self.path} is open read-only: {what} is not allowed")
 
-    def put(self, key, value, sync=None):
+    def put(self, key, value, sync=None, *, timeout=None):
         self._refuse("put")
 
-    def delete(self, key, sync=None):
+    def delete(self, key, sync=None, *, timeout=None):
         self._refuse("delete")
 
-    def write(self, batch, sync=None):
+    def write(self, batch, sync=None, *, timeout=None):
         self._refuse("write")
 
     def flush(self):

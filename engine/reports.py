@@ -76,6 +76,7 @@ class Counters:
     slowdown_s: float = 0.0
     stops: int = 0
     stop_s: float = 0.0
+    write_timeouts: int = 0  # writes given up at their timeout (WriteStalledError)
     background_errors: int = 0
     recovered_errors: int = 0  # full-disk failed states ended by a successful flush
     worker_fallbacks: int = 0  # jobs rerun in a DB thread, all reasons (background.py)
@@ -212,7 +213,9 @@ def stats(db) -> dict:
                         # (bytes/s; kept between slowdowns), and how often it was changed
                         "delayed": _delayed_now(db, rs.version),
                         "delayed_write_rate": int(db.write_controller.rate),
-                        "rate_adjustments": db.write_controller.adjustments},
+                        "rate_adjustments": db.write_controller.adjustments,
+                        # writes that gave up at their timeout, not applied
+                        "timeouts": c.write_timeouts},
         # `is not None`: an empty BlockCache is falsy (it has __len__)
         "block_cache": {"capacity_bytes": cache.capacity if cache is not None else 0,
                         "usage_bytes": cache.usage if cache is not None else 0,

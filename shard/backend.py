@@ -3,9 +3,12 @@
 The shard serves any object with engine.DB's API (the product serves :class:`engine.DB`;
 bench/rocks_backend.py serves RocksDB through the same server to compare like with like):
 
-- ``put(key, value, sync=None)``, ``delete(key, sync=None)``, ``get(key) -> bytes | None``
-- ``write(batch, sync=None)``: atomic; ``batch`` is an iterable of ``(key, value)`` pairs,
-  value ``None`` = delete
+- ``put(key, value, sync=None, timeout=None)``, ``delete(key, sync=None, timeout=None)``,
+  ``get(key) -> bytes | None``
+- ``write(batch, sync=None, timeout=None)``: atomic; ``batch`` is an iterable of
+  ``(key, value)`` pairs, value ``None`` = delete. ``timeout``: seconds a write may wait for
+  room while writes are held (engine.DB: WriteStalledError, nothing applied, past it; the
+  shard passes what is left of the call's deadline); a backend may ignore it
 - ``multi_get(keys, max_bytes=None) -> list[bytes | None]``: ResultTooLargeError once the
   values found exceed ``max_bytes``
 - ``scan(start=None, end=None, limit=None)``: iterator of ``(key, value)`` in key order,
@@ -23,10 +26,13 @@ from typing import Any, Iterable, Iterator, Protocol
 
 
 class Backend(Protocol):
-    def put(self, key: bytes, value: bytes, sync: bool | None = None) -> None: ...
+    def put(self, key: bytes, value: bytes, sync: bool | None = None,
+            timeout: float | None = None) -> None: ...
     def get(self, key: bytes) -> bytes | None: ...
-    def delete(self, key: bytes, sync: bool | None = None) -> None: ...
-    def write(self, batch: Iterable[tuple[bytes, bytes | None]], sync: bool | None = None) -> None: ...
+    def delete(self, key: bytes, sync: bool | None = None,
+               timeout: float | None = None) -> None: ...
+    def write(self, batch: Iterable[tuple[bytes, bytes | None]], sync: bool | None = None,
+              timeout: float | None = None) -> None: ...
     def multi_get(self, keys: list[bytes], max_bytes: int | None = None) -> list[bytes | None]: ...
     def scan(self, start: bytes | None = None, end: bytes | None = None,
              limit: int | None = None) -> Iterator[tuple[bytes, bytes]]: ...

@@ -22,6 +22,7 @@ From ``db.stats()``: ``sievekv_engine_level_tables``/``_level_bytes{level}``,
 ``sievekv_engine_compactions_total``, ``sievekv_engine_tombstone_compactions_total``,
 ``sievekv_engine_tombstones_dropped_total``, ``sievekv_engine_compaction_read_bytes_total``,
 ``sievekv_engine_compaction_written_bytes_total``, ``sievekv_engine_write_stall_seconds_total``,
+``sievekv_engine_write_timeouts_total`` (writes given up at their deadline, not applied),
 ``sievekv_engine_block_cache_hits_total``, ``sievekv_engine_block_cache_misses_total``,
 ``sievekv_engine_block_cache_usage_bytes``, ``sievekv_engine_delayed_write_rate_bytes``
 (what writes are held to past the slowdown trigger) with ``sievekv_engine_writes_delayed``
@@ -69,6 +70,8 @@ _STATS_COUNTERS = (
     (("compaction_bytes_read",), "sievekv_engine_compaction_read_bytes", "Bytes read by compactions"),
     (("compaction_bytes_written",), "sievekv_engine_compaction_written_bytes", "Bytes written by compactions"),
     (("write_stall", "total_seconds"), "sievekv_engine_write_stall_seconds", "Seconds writers were slowed or stopped"),
+    (("write_stall", "timeouts"), "sievekv_engine_write_timeouts",
+     "Writes given up at their deadline while writes were held (not applied)"),
     (("block_cache", "hits"), "sievekv_engine_block_cache_hits", "Block cache hits"),
     (("block_cache", "misses"), "sievekv_engine_block_cache_misses", "Block cache misses"),
     (("background_errors",), "sievekv_engine_background_errors", "Failed background flushes/compactions"),

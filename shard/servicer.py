@@ -36,6 +36,23 @@ def _sync(request):
     return request.sync if request.HasField("sync") else None
 
 
+NO_DEADLINE = 1e9
+"""gRPC reports ~9.2e18 s remaining when the caller set no deadline."""
+WRITE_MARGIN_FRACTION = 0.1
+WRITE_MARGIN_MAX_S = 0.25
+
+
+def write_timeout(context) -> float | None:
+    """Seconds a write may wait for room while writes are held (a write stall): what is left
+    of the call's deadline, less a margin (a tenth, at most WRITE_MARGIN_MAX_S) so that the
+    answer, RESOURCE_EXHAUSTED with nothing applied, arrives before the caller gives up and
+    the outcome is known. None without a deadline (the router always sets one)."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > NO_DEADLINE:
+        return None
+    return max(0.0, remaining - min(remaining * WRITE_MARGIN_FRACTION, WRITE_MARGIN_MAX_S))
+
+
 class KVServicer:
     """sievekv.v1.KV for the shard's own data.
 
@@ -64,13 +81,13 @@ class KVServicer:
         key, value = request.key, request.value
         self.limits.check_key(key)
         self.limits.check_value(value)
-        self.db.put(key, value, sync=_sync(request))
+        self.db.put(key, value, sync=_sync(request), timeout=write_timeout(context))
         return _PUT_OK
 
     def Delete(self, request, context):
         key = request.key
         self.limits.check_key(key)
-        self.db.delete(key, sync=_sync(request))
+        self.db.delete(key, sync=_sync(request), timeout=write_timeout(context))
         return _DELETE_OK
 
     def MultiGet(self, request, context):
@@ -95,7 +112,7 @@ class KVServicer:
                 limits.check_value(m.value)
                 batch.append((m.key, m.value))
         if batch:
-            self.db.write(batch, sync=_sync(request))
+            self.db.write(batch, sync=_sync(request), timeout=write_timeout(context))
         return pb.WriteResponse(shards=[pb.ShardWriteResult(
             shard=self.name, applied=True, mutations=len(batch))])
 

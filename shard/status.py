@@ -12,6 +12,8 @@ CorruptionError                 DATA_LOSS            the message, naming the fil
 ClosedError                     UNAVAILABLE          the message
 LockedError                     FAILED_PRECONDITION  the message
 ResultTooLargeError             RESOURCE_EXHAUSTED   the message (an answer over the limit)
+WriteStalledError               RESOURCE_EXHAUSTED   the message (writes held past the call's
+                                                     deadline; the write was not applied)
 StorageIOError, ENOSPC/EDQUOT   RESOURCE_EXHAUSTED   the message (a full disk: gRPC's own example;
                                                      INTERNAL if the DB must be reopened)
 StorageIOError / other Sieve..  INTERNAL             the message
@@ -35,7 +37,7 @@ import grpc
 
 from engine.errors import (AlreadyExistsError, ClosedError, CorruptionError,
                            InvalidArgumentError, LockedError, ResultTooLargeError, SieveError,
-                           StorageIOError)
+                           StorageIOError, WriteStalledError)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return UNAVAILABLE, one_line(str(exc) or "closed")
     if isinstance(exc, LockedError):
         return grpc.StatusCode.FAILED_PRECONDITION, one_line(str(exc))
-    if isinstance(exc, ResultTooLargeError):
+    if isinstance(exc, (ResultTooLargeError, WriteStalledError)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, one_line(str(exc))
     if (isinstance(exc, StorageIOError) and exc.errno in FULL_DISK_ERRNOS
             and exc.retryable is not False):  # (a DB that must be reopened is INTERNAL)
