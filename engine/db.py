@@ -479,14 +479,18 @@ class DB(Background):
                                        f"{timeout!r}")
         return time.monotonic() + timeout
 
-    def _prepare_commit(self, leader, group_bytes: int) -> None:
+    def _prepare_commit(self, leader, group_bytes) -> int | None:
         """Group-commit leader, before it forms its group: make room, waiting for the leader
-        alone (engine/group_commit.py), charging the group it would form now to the write
-        controller. REQUIRES: self._mu held (released while waiting)."""
+        alone (engine/group_commit.py), charging the group it would form now (``group_bytes()``)
+        to the write controller; returns those bytes, or None if room was there. REQUIRES:
+        self._mu held (released while waiting)."""
         if (self._mem.approximate_bytes >= self._memtable_bytes or self._log_broken
                 or self._bg_error is not None or self._closing
                 or len(self._version.levels[0]) >= self._l0_slowdown):
-            self._make_room_for_write(force=False, nbytes=group_bytes, deadline=leader.deadline)
+            nbytes = group_bytes()
+            self._make_room_for_write(force=False, nbytes=nbytes, deadline=leader.deadline)
+            return nbytes
+        return None
 
     def _commit(self, group) -> None:
         """Group-commit leader: log, sync, apply; room was made by _prepare_commit, under the

@@ -18,9 +18,10 @@ deadline passes leaves it and raises :class:`Withdrawn` (it is in no group yet, 
 it is written). Once a leader has taken it into its group it is written with the group, late
 or not. A leader runs ``prepare(leader, group_bytes)`` before it forms its group: waiting for
 room (a write stall) happens there, for the leader alone, so a leader that gives up at its
-deadline fails alone, and the followers behind it keep their own deadlines. The group it then
-forms holds at most ``group_bytes`` (what prepare charged to the write controller); writers
-that queued meanwhile form the next group.
+deadline fails alone, and the followers behind it keep their own deadlines. ``group_bytes()``
+gives the bytes of the group the leader would form now; prepare returns the bytes it charged
+(to the write controller) or None, and the group then holds at most that many; writers that
+queued meanwhile form the next group.
 
 Thread safety: :meth:`write` may be called from any number of threads. ``commit`` is called
 with the mutex held, by one thread at a time, and must leave it held when it returns.
@@ -72,7 +73,7 @@ class GroupCommit:
 
     def write(self, ops: list, sync: bool, nbytes: int, commit: Callable[[list[Writer]], None],
               solo: bool = False, deadline: float | None = None,
-              prepare: Callable[[Writer, int], None] | None = None) -> None:
+              prepare: Callable[[Writer, Callable[[], int]], int | None] | None = None) -> None:
         """Queue ``ops`` and return once a leader (maybe this thread) committed them.
 
         Raises the error ``commit`` raised for the group this write belonged to. A ``solo``
@@ -100,16 +101,15 @@ class GroupCommit:
                 return
             budget = None
             if prepare is not None and not solo:
-                budget = self._group_bytes(w)
                 try:
-                    prepare(w, budget)
+                    budget = prepare(w, lambda: self._group_bytes(w))
                 except BaseException:
                     q.popleft()  # this leader alone fails; the next writer leads
                     if q:
                         self._cv.notify_all()
                     raise
-            # At most the bytes prepare was told of: writers that queued while it waited
-            # (the mutex released) form the next group, which prepares (and pays) again.
+            # At most the bytes prepare charged (if it made room): writers that queued while
+            # it waited (the mutex released) form the next group, which prepares again.
             group = self._build_group(w, budget)
             err = None
             try:
