@@ -285,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1000, metavar="N",
                    help="records per write batch (default 1000; batches also stop at 1 MiB)")
     p.add_argument("--sync", action="store_true", help="fsync each batch on the shards")
+    p.add_argument("--busy-wait", type=float, default=300.0, metavar="S",
+                   help="a batch that busy shards refused (a write stall, a full disk) is sent "
+                        "again, backing off, for at most S seconds in a row (default 300; 0: "
+                        "stop at once)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- load test -----------------------------------------------------------------------

@@ -23,8 +23,8 @@ from ..client_errors import ClientError, PartialWriteError
 from ..humanize import format_bytes, format_count
 from . import target
 from .codec import decode, encode
-from .exit_codes import (INTERRUPTED, NOT_FOUND, OK, PARTIAL, USAGE, CliError, code_for_grpc,
-                         from_client_error)
+from .exit_codes import (BUSY, INTERRUPTED, NOT_FOUND, OK, PARTIAL, USAGE, CliError,
+                         code_for_grpc, from_client_error)
 from .progress import StatusLine
 from .records import format_record, guess_format, iter_records
 from .sizes import SYNC_FIELD_BYTES, cluster_limits, mutation_bytes, record_problem
@@ -151,8 +151,28 @@ class _Progress:
         self.line.show(f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in "
                        f"{el:.1f}s, {rate_text} records/s", final)
 
+    def waiting(self, records: int, why: str, seconds: float) -> None:
+        """A line (always shown, unless quiet) saying that a busy batch is retried."""
+        self.line.show(f"loaded {format_count(records)} records; a shard is busy ({why}); "
+                       f"sending the batch again in {seconds:g}s", True)
+
     def end_line(self) -> None:
         self.line.end_line()
+
+
+BUSY_RETRY_FIRST_S = 0.5
+BUSY_RETRY_MAX_S = 5.0
+
+
+def _busy(exc: ClientError) -> bool:
+    """The batch failed only because shards were busy (RESOURCE_EXHAUSTED that is not about a
+    size limit: a write stall that gave up before its deadline, or a full disk): nothing of
+    it was applied where it failed, and sending it again later may succeed."""
+    if isinstance(exc, PartialWriteError):
+        failed = [(r.code, r.message) for r in exc.results if not r.applied]
+    else:
+        failed = [(exc.code, exc.details)]
+    return bool(failed) and all(code_for_grpc(c, d) == BUSY for c, d in failed)
 
 
 def _open_input(path: str):
@@ -167,6 +187,8 @@ def _open_input(path: str):
 def cmd_load(args) -> int:
     if args.batch < 1:
         raise CliError("--batch: must be >= 1", USAGE)
+    if not args.busy_wait >= 0:
+        raise CliError("--busy-wait: must be >= 0 seconds", USAGE)
     stream, path = _open_input(args.file)
     first = stream.readline()
     fmt = args.format if args.format != "auto" else guess_format(path, first)
@@ -185,10 +207,23 @@ def cmd_load(args) -> int:
             def send():
                 nonlocal loaded, nbytes, batch, batch_bytes, batch_wire, sending, done_line
                 sending = True
-                try:
-                    c.write(batch, sync=sync)
-                except ClientError as exc:
-                    raise _load_failure(exc, loaded, first_line, last_line) from None
+                delay, busy_since = BUSY_RETRY_FIRST_S, None
+                while True:
+                    try:
+                        c.write(batch, sync=sync)
+                        break
+                    except ClientError as exc:
+                        # Busy shards applied nothing (the others applied their part, and
+                        # applying it again stores the same values): wait and send it again,
+                        # for at most --busy-wait seconds in a row.
+                        now = time.monotonic()
+                        busy_since = busy_since or now
+                        if not _busy(exc) or now - busy_since + delay > args.busy_wait:
+                            raise _load_failure(exc, loaded, first_line, last_line) from None
+                        why = (exc.details or "").strip().splitlines()
+                        progress.waiting(loaded, why[0][:200] if why else exc.code.name, delay)
+                        time.sleep(delay)
+                        delay = min(delay * 2, BUSY_RETRY_MAX_S)
                 sending = False
                 done_line = last_line
                 loaded += len(batch)
