@@ -584,7 +584,7 @@ class DB(Background):
         stall_l0 = not opts.disable_auto_compactions
         stopped_since = None  # when this writer started waiting at l0_stop_trigger
         while True:
-            self._check_writable()
+            self._check_writable(deadline)
             l0 = len(self._version.levels[0])
             wc = self.write_controller
             room = not self._log_broken and self._mem.approximate_bytes < opts.memtable_bytes
@@ -659,10 +659,11 @@ class DB(Background):
             return True
         return False
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, until: float | None = None) -> None:
         """Raise unless writes are allowed. In a recoverable failed state (a full disk), first
-        ask the flush thread for one more try and wait for it (at most RETRY_WAIT_S): a write
-        made once space is back succeeds. REQUIRES: self._mu held (released while waiting)."""
+        ask the flush thread for one more try and wait for it (at most RETRY_WAIT_S, and not
+        past ``until``, a write's deadline): a write made once space is back succeeds.
+        REQUIRES: self._mu held (released while waiting)."""
         if self._closing:
             raise ClosedError("DB is closed")
         if self._bg_error is not None and self._bg_recoverable:
@@ -670,6 +671,8 @@ class DB(Background):
             self._retry_now = True
             self._bg_cv.notify_all()
             deadline = time.monotonic() + RETRY_WAIT_S
+            if until is not None:
+                deadline = min(deadline, until)
             while (self._bg_error is not None and self._bg_recoverable and not self._closing
                    and self._flush_attempts == attempt):
                 left = deadline - time.monotonic()
