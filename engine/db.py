@@ -385,8 +385,10 @@ class DB(Background):
 
         ``timeout`` (seconds; every write takes it): wait at most this long for room while
         writes are held (a write stall: L0 or the frozen memtables at their limit, or writes
-        held to ``delayed_write_rate``), else raise WriteStalledError with nothing applied.
-        A write that finds room is applied, however late. None: wait as long as it takes.
+        held to ``delayed_write_rate``), or in the write queue behind slower writes (a slow
+        fsync), else raise WriteStalledError with nothing applied. A write that a group
+        commit has taken, or that finds room, is applied, however late. None (or a timeout
+        of threading.TIMEOUT_MAX or more): wait as long as it takes.
         """
         if type(key) is not bytes or not key or len(key) > self._max_key:
             key = self._check_key(key)
@@ -472,11 +474,15 @@ class DB(Background):
         except Withdrawn:  # its deadline passed, in the queue or waiting for room
             raise self._stalled(timeout) from None
 
-    def _deadline(self, timeout) -> float:
+    def _deadline(self, timeout) -> float | None:
+        """The monotonic deadline of a write's ``timeout``; None (no bound) for one at or past
+        threading.TIMEOUT_MAX (infinity included), which no wait could take."""
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not timeout >= 0):
             raise InvalidArgumentError(f"write timeout must be None or seconds >= 0, got "
                                        f"{timeout!r}")
+        if timeout >= threading.TIMEOUT_MAX:
+            return None
         return time.monotonic() + timeout
 
     def _prepare_commit(self, leader, group_bytes) -> int | None:
@@ -555,8 +561,10 @@ class DB(Background):
         elif rate is not None:
             why = (f"writes are held to {rate / (1 << 20):.2f} MiB/s while L0 holds {l0} "
                    f"tables (l0_slowdown_trigger {opts.l0_slowdown_trigger})")
-        else:
-            why = "queued behind other writes"
+        else:  # no stall now: it waited in the queue behind slow writes (a slow fsync)
+            return WriteStalledError(f"write not applied: it waited past its timeout of "
+                                     f"{timeout:g} s in the write queue, behind writes slower "
+                                     f"than that (no write stall now); retry")
         return WriteStalledError(f"write not applied: the DB holds writes ({why}) and it "
                                  f"would wait past its timeout of {timeout:g} s; retry later")
 
@@ -596,10 +604,10 @@ class DB(Background):
                 allow_delay = False
                 wc.observe(self._version, self._debt_of, l0, opts.l0_stop_trigger)
                 now = time.monotonic()
-                pause = wc.delay(nbytes, now)
+                pause = wc.delay(nbytes, now, deadline)
+                if pause is None:  # would sleep past the deadline (nothing charged)
+                    raise Withdrawn()
                 if pause > 0:
-                    if deadline is not None and now + pause > deadline:
-                        raise Withdrawn()
                     self._slowdown_wait(now + pause)
                     self.counters.slowdown_s += time.monotonic() - now
                     self.counters.slowdowns += 1

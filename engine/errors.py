@@ -78,8 +78,9 @@ class ResultTooLargeError(SieveError):
 
 class WriteStalledError(SieveError):
     """A write given a ``timeout`` would have waited longer for room (a write stall: L0 or
-    the frozen memtables at their limit, writes held to a rate, or queued behind such a
-    write) and was **not applied**: nothing of it reached the log, so retrying it is safe."""
+    the frozen memtables at their limit, writes held to a rate) or in the write queue
+    (behind a stalled or slow write) and was **not applied**: nothing of it reached the log,
+    so retrying it is safe."""
 
 
 class ClosedError(SieveError):

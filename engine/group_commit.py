@@ -19,9 +19,10 @@ it is written). Once a leader has taken it into its group it is written with the
 or not. A leader runs ``prepare(leader, group_bytes)`` before it forms its group: waiting for
 room (a write stall) happens there, for the leader alone, so a leader that gives up at its
 deadline fails alone, and the followers behind it keep their own deadlines. ``group_bytes()``
-gives the bytes of the group the leader would form now; prepare returns the bytes it charged
-(to the write controller) or None, and the group then holds at most that many; writers that
-queued meanwhile form the next group.
+gives the bytes of the group the leader would form now; prepare returns them when it had to
+make room (then they may have been charged to the write controller, and it may have waited),
+else None; the group then holds at most that many bytes, and writers that queued meanwhile
+form the next group.
 
 Thread safety: :meth:`write` may be called from any number of threads. ``commit`` is called
 with the mutex held, by one thread at a time, and must leave it held when it returns.

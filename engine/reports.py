@@ -214,7 +214,8 @@ def stats(db) -> dict:
                         "delayed": _delayed_now(db, rs.version),
                         "delayed_write_rate": int(db.write_controller.rate),
                         "rate_adjustments": db.write_controller.adjustments,
-                        # writes that gave up at their timeout, not applied
+                        # writes that gave up at their timeout, not applied (held by a
+                        # stall, or queued behind slower writes)
                         "timeouts": c.write_timeouts},
         # `is not None`: an empty BlockCache is falsy (it has __len__)
         "block_cache": {"capacity_bytes": cache.capacity if cache is not None else 0,

@@ -90,11 +90,21 @@ class WriteController:
             self._debt = None
             self._set_rate(self.rate * RECOVER)
 
-    def delay(self, nbytes: int, now: float) -> float:
-        """Seconds a write of ``nbytes`` must sleep at monotonic time ``now`` (0: none).
+    def delay(self, nbytes: int, now: float, deadline: float | None = None) -> float | None:
+        """Seconds a write of ``nbytes`` must sleep at monotonic time ``now`` (0: none), its
+        bytes then charged; None, with nothing charged, if that sleep would end after
+        ``deadline`` (the write is refused: a refused write must not slow the ones after it).
         REQUIRES: delayed (after :meth:`observe`)."""
         if not self.enabled:
             return 0.0
+        saved = self._credit, self._next_refill
+        pause = self._charge(nbytes, now)
+        if deadline is not None and pause > 0 and now + pause > deadline:
+            self._credit, self._next_refill = saved
+            return None
+        return pause
+
+    def _charge(self, nbytes: int, now: float) -> float:
         if self._credit >= nbytes:
             self._credit -= nbytes
             return 0.0

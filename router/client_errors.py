@@ -8,7 +8,8 @@ INVALID_ARGUMENT           InvalidArgumentError (empty/oversized key or value)
 UNAVAILABLE                UnavailableError (a shard or the router cannot serve)
 DATA_LOSS                  DataLossError (corruption; details name the file)
 RESOURCE_EXHAUSTED         ResourceExhaustedError (a message over the size limit, a full disk,
-                           or a server's limit of scans at once)
+                           a write stall past the deadline (the write was not applied), or a
+                           server's limit of scans at once)
 DEADLINE_EXCEEDED          DeadlineExceededError
 INTERNAL, UNKNOWN          InternalError
 any other                  ClientError

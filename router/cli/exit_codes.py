@@ -10,8 +10,9 @@ code   name         meaning
 4      PARTIAL      some shards (or processes) failed while others succeeded
 5      NOT_FOUND    ``get`` of a key that is absent
 6      CONFLICT     already running: data directory locked, port in use
-7      BUSY         a server is out of a resource for now: a full disk, its limit of scans
-                    at once; the same command may succeed later (RESOURCE_EXHAUSTED; one about
+7      BUSY         a server is out of a resource for now: a full disk, a write stall past
+                    the deadline (nothing applied), its limit of scans at once; the same
+                    command may succeed later (RESOURCE_EXHAUSTED; one about
                     a message or answer over a size limit is USAGE instead: asking again fails)
 130    INTERRUPTED  interrupted (Ctrl-C, SIGINT); ``load`` says how far it got
 =====  ===========  ==========================================================================
@@ -42,7 +43,8 @@ TABLE = [
     (PARTIAL, "partial failure: some shards or processes failed, others succeeded"),
     (NOT_FOUND, "not found: get of an absent key"),
     (CONFLICT, "conflict: cluster already running, data directory locked, port in use"),
-    (BUSY, "busy: a server is out of a resource (full disk, too many scans); retry later"),
+    (BUSY, "busy: a server is out of a resource (full disk, write stall, too many scans); "
+           "retry later"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
 ]
 
