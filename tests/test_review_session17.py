@@ -52,38 +52,18 @@ does). Nothing asserts speed; every DB is closed.
 from __future__ import annotations
 
 import os
-import random
 import threading
 
 import grpc
 import pytest
 
 from engine import DB, filenames
-from engine import open_files
 from engine.errors import CorruptionError, StorageIOError
 from engine.faultfs import FaultInjectionFS
 from shard.status import status_of
 
 from .conftest import wait_until
-
-SMALL = dict(memtable_bytes=64 * 1024, target_file_size=16 * 1024, table_workers=0,
-             disable_auto_compactions=True)
-
-
-def _open_count() -> int:
-    """Tables open in this process, over every DB (engine/open_files.py)."""
-    with open_files._process.lock:
-        return open_files._process.count
-
-
-def _fill(db, n: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    model = {}
-    for _ in range(n):
-        k, v = rng.randbytes(16), rng.randbytes(100)
-        db.put(k, v)
-        model[k] = v
-    return model
+from .test_review_session16b import SMALL, _fill, _open_count  # noqa: F401
 
 
 def _holds(db, model: dict) -> None:
@@ -264,7 +244,6 @@ def test_a_flush_whose_output_fails_its_check_answers_data_loss(tmp_path):
         _holds(db, model)
     finally:
         db.close()
-
 
 
 # Fixed in session 17; was a strict xfail: FaultInjectionFS.crash() clears every injected fault

@@ -69,7 +69,6 @@ opened). Nothing asserts speed; every thread a test starts is joined and every D
 from __future__ import annotations
 
 import os
-import random
 import threading
 
 import grpc
@@ -82,19 +81,7 @@ from engine.memtable import ENTRY_OVERHEAD
 from shard.status import status_of
 
 from .conftest import wait_until
-
-SMALL = dict(memtable_bytes=64 * 1024, target_file_size=16 * 1024, table_workers=0,
-             disable_auto_compactions=True)
-
-
-def _fill(db, n: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    model = {}
-    for _ in range(n):
-        k, v = rng.randbytes(16), rng.randbytes(100)
-        db.put(k, v)
-        model[k] = v
-    return model
+from .test_review_session16b import SMALL, _fill  # noqa: F401
 
 
 def _holds(db, model: dict) -> None:
