@@ -30,7 +30,7 @@ keeps up with instead.
   learned (RocksDB's kDelayRecoverSlowdownRatio), not from ``max_rate``.
 - ``interval`` 0 turns slowdowns off: writers only stop, at ``l0_stop_trigger``.
 
-Not thread-safe: the DB calls it under its mutex (engine/db.py ``_make_room_for_write``).
+Not thread-safe: the DB calls it under its mutex (engine/write_stall.py ``_make_room_for_write``).
 """
 
 from __future__ import annotations
