@@ -15,7 +15,7 @@ keeps up with instead.
   ``BURST_S`` seconds of the rate, so a pause does not buy a burst (nor a free large write:
   it pays what the credit does not cover). Writes that arrive together queue: each one's
   sleep starts where the previous one's ends. The DB ends a sleep early when L0 falls under
-  the trigger or the DB closes or fails (engine/db.py ``_slowdown_wait``), and does not
+  the trigger or the DB closes or fails (engine/write_stall.py ``_slowdown_wait``), and does not
   charge a write that is about to stop at ``l0_stop_trigger``.
 - A sleep can be long: bytes / rate, unbounded. At the floor (16 KiB/s) a 1 MiB write
   owes 64 s, which is why the rate is kept as high as the debt allows.

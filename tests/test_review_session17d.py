@@ -34,7 +34,7 @@ Checked and holds (plain tests below, or by reading / a run of the CLI as a proc
   resolves to WriteStalls. The only stale pointer is finding 5 (the review notes of
   sessions 5, 16 and 17c name ``_make_room_for_write`` where it was then: history).
 
-Findings (strict xfails):
+Findings (strict xfails when written; all fixed in session 17, now plain tests):
 
 1. After a retry, the failure report forgets what an earlier try applied. ``send()`` keeps
    only the last ClientError: a batch whose first try was applied by shard s0 and refused
@@ -202,8 +202,8 @@ def test_busy_wait_refuses_nan_and_negatives_and_an_unreachable_router_is_not_wa
     router = f"127.0.0.1:{free_port()}"  # nothing listens there
     for bad in ("nan", "-1"):
         r = _run_cli("load", str(inp), "--busy-wait", bad, "--router", router)
-        assert r.returncode == 2 and r.stderr == (
-            "sievekv: error: --busy-wait: must be >= 0 seconds\n"), r.stderr
+        assert r.returncode == 2 and r.stderr == (  # (the bound since session 17's fix)
+            f"sievekv: error: --busy-wait: must be 0 to 1000000 seconds, got {bad}\n"), r.stderr
     r = _run_cli("load", str(inp), "--timeout", "2", "--router", router)
     assert r.returncode == 3, r.stderr
     assert "busy" not in r.stderr and r.stderr.count("\n") == 1
@@ -211,9 +211,9 @@ def test_busy_wait_refuses_nan_and_negatives_and_an_unreachable_router_is_not_wa
 
 # -- findings ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="a failure after a retry forgets the shards that "
-                   "applied their part in an earlier try: exit 7, 'the 0 records ... are "
-                   "loaded', no 'applied their part'")
+# Fixed in session 17; was a strict xfail: a failure after a retry forgets the shards that
+# applied their part in an earlier try: exit 7, 'the 0 records ... are loaded', no 'applied
+# their part'
 def test_a_failure_after_a_retry_names_the_shards_an_earlier_try_applied(procs, tmp_path):
     ka, kb = _keys_of(2, 0, 50), _keys_of(2, 1, 50)
     inp = tmp_path / "in.tsv"
@@ -231,22 +231,24 @@ def test_a_failure_after_a_retry_names_the_shards_an_earlier_try_applied(procs, 
         assert "s0 applied their part" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="without a terminal StatusLine drops a busy line equal "
-                   "to the last one: every retry after the first at 5 s goes unreported")
+# Fixed in session 17; was a strict xfail: without a terminal StatusLine drops a busy line equal
+# to the last one: every retry after the first at 5 s goes unreported
 def test_every_busy_retry_gets_its_line_without_a_terminal(capsys):
     progress = data_cmds._Progress(quiet=False)
     assert not progress.line.tty  # stderr is captured: as in a log or a pipe
     why = ("write failed on 1 of 1 shard(s) (applied on: none): shard s0 at 127.0.0.1:40000: "
            "write not applied: the DB holds writes (L0 holds 2 tables, at l0_stop_trigger "
            "(2)) and it would wait past its timeout o")  # as the CLI cuts it (finding 3)
+    waited = 0.0
     for delay in (0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0):
-        progress.waiting(0, why, delay)
+        progress.waiting(0, why, delay, waited)  # (session 17 fix: the time waited so far)
+        waited += delay
     err = capsys.readouterr().err
     assert err.count("a shard is busy") == 7, err
 
 
-@pytest.mark.xfail(strict=True, reason="the busy line cuts the reason at 200 characters, "
-                   "mid-word ('its timeout o)')")
+# Fixed in session 17; was a strict xfail: the busy line cuts the reason at 200 characters, mid-
+# word ('its timeout o)')
 def test_the_busy_line_shows_the_shards_reason_whole(procs, tmp_path):
     db, _release, router, stop = _serve_stopped(tmp_path, procs)
     try:
@@ -261,8 +263,8 @@ def test_the_busy_line_shows_the_shards_reason_whole(procs, tmp_path):
         stop()
 
 
-@pytest.mark.xfail(strict=True, reason="--busy-wait inf (and 1e400) is accepted and retries "
-                   "for ever; --timeout refuses non-finite numbers")
+# Fixed in session 17; was a strict xfail: --busy-wait inf (and 1e400) is accepted and retries
+# for ever; --timeout refuses non-finite numbers
 def test_busy_wait_refuses_a_number_that_is_not_finite(tmp_path):
     inp = tmp_path / "in.tsv"
     inp.write_text("a\tb\n")
@@ -277,8 +279,8 @@ def test_busy_wait_refuses_a_number_that_is_not_finite(tmp_path):
 _POINTER = re.compile(r"(engine/[\w/]+\.py) ``(\w+)``")
 
 
-@pytest.mark.xfail(strict=True, reason="engine/write_controller.py points at engine/db.py "
-                   "``_slowdown_wait``, moved to engine/write_stall.py")
+# Fixed in session 17; was a strict xfail: engine/write_controller.py points at engine/db.py
+# ``_slowdown_wait``, moved to engine/write_stall.py
 def test_every_pointer_in_engine_names_the_file_that_defines_it():
     stale = []
     for folder, _dirs, files in os.walk(os.path.join(ROOT, "engine")):

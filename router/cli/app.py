@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-wait", type=float, default=300.0, metavar="S",
                    help="a batch that busy shards refused (a write stall, a full disk) is sent "
                         "again, backing off, for at most S seconds in a row (default 300; 0: "
-                        "stop at once)")
+                        "stop at once; at most 1000000)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
 
     # -- load test -----------------------------------------------------------------------

@@ -151,10 +151,12 @@ class _Progress:
         self.line.show(f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in "
                        f"{el:.1f}s, {rate_text} records/s", final)
 
-    def waiting(self, records: int, why: str, seconds: float) -> None:
-        """A line (always shown, unless quiet) saying that a busy batch is retried."""
+    def waiting(self, records: int, why: str, seconds: float, waited: float) -> None:
+        """A line (always shown, unless quiet: each names the time waited so far, so no two
+        are equal and none is dropped) saying that a busy batch is sent again."""
         self.line.show(f"loaded {format_count(records)} records; a shard is busy ({why}); "
-                       f"sending the batch again in {seconds:g}s", True)
+                       f"sending the batch again in {seconds:g}s ({waited:.1f}s waited for "
+                       f"it so far)", True)
 
     def end_line(self) -> None:
         self.line.end_line()
@@ -162,6 +164,7 @@ class _Progress:
 
 BUSY_RETRY_FIRST_S = 0.5
 BUSY_RETRY_MAX_S = 5.0
+BUSY_WAIT_MAX_S = 1e6  # as --timeout: a bound, never "for ever"
 
 
 def _busy(exc: ClientError) -> bool:
@@ -187,8 +190,9 @@ def _open_input(path: str):
 def cmd_load(args) -> int:
     if args.batch < 1:
         raise CliError("--batch: must be >= 1", USAGE)
-    if not args.busy_wait >= 0:
-        raise CliError("--busy-wait: must be >= 0 seconds", USAGE)
+    if not 0 <= args.busy_wait <= BUSY_WAIT_MAX_S:
+        raise CliError(f"--busy-wait: must be 0 to {BUSY_WAIT_MAX_S:.0f} seconds, got "
+                       f"{args.busy_wait:g}", USAGE)
     stream, path = _open_input(args.file)
     first = stream.readline()
     fmt = args.format if args.format != "auto" else guess_format(path, first)
@@ -208,6 +212,7 @@ def cmd_load(args) -> int:
                 nonlocal loaded, nbytes, batch, batch_bytes, batch_wire, sending, done_line
                 sending = True
                 delay, busy_since = BUSY_RETRY_FIRST_S, None
+                applied_before: set[str] = set()  # shards that applied their part in a try
                 while True:
                     try:
                         c.write(batch, sync=sync)
@@ -219,9 +224,13 @@ def cmd_load(args) -> int:
                         now = time.monotonic()
                         busy_since = busy_since or now
                         if not _busy(exc) or now - busy_since + delay > args.busy_wait:
-                            raise _load_failure(exc, loaded, first_line, last_line) from None
+                            raise _load_failure(exc, loaded, first_line, last_line,
+                                                applied_before) from None
+                        if isinstance(exc, PartialWriteError):
+                            applied_before.update(r.shard for r in exc.results if r.applied)
                         why = (exc.details or "").strip().splitlines()
-                        progress.waiting(loaded, why[0][:200] if why else exc.code.name, delay)
+                        progress.waiting(loaded, why[0] if why else exc.code.name, delay,
+                                         now - busy_since)
                         time.sleep(delay)
                         delay = min(delay * 2, BUSY_RETRY_MAX_S)
                 sending = False
@@ -295,12 +304,16 @@ def _load_interrupted(loaded: int, done_line: int, pending: tuple[int, int] | No
                     f"{first}; {lines} {state}; resume from line {first}", INTERRUPTED)
 
 
-def _load_failure(exc: ClientError, loaded: int, first: int, last: int) -> CliError:
-    """Explain a failed batch: what is certainly loaded, which shards applied the batch."""
+def _load_failure(exc: ClientError, loaded: int, first: int, last: int,
+                  applied_before=()) -> CliError:
+    """Explain a failed batch: what is certainly loaded, which shards applied the batch (in
+    its last try, or in an earlier one: ``applied_before``)."""
     applied, failed = [], []
     if isinstance(exc, PartialWriteError):
         for r in exc.results:
-            (applied if r.applied else failed).append(r.shard)
+            (applied if r.applied or r.shard in applied_before else failed).append(r.shard)
+    else:
+        applied = sorted(applied_before)
     lines = (exc.details or "").strip().splitlines()
     detail = lines[0] if lines else ""
     which = f"input line {first}" if first == last else f"the batch of input lines {first}-{last}"
@@ -308,6 +321,7 @@ def _load_failure(exc: ClientError, loaded: int, first: int, last: int) -> CliEr
            f"before line {first} are loaded")
     if applied:
         msg += (f"; of that batch, shards {', '.join(applied)} applied their part and "
-                f"{', '.join(failed)} did not")
+                + (f"{', '.join(failed)} did not" if failed else
+                   "the others' parts are not known to be applied"))
     partial = loaded > 0 or bool(applied)
     return CliError(msg, PARTIAL if partial else code_for_grpc(exc.code, detail))
