@@ -81,9 +81,6 @@ import subprocess
 import sys
 import threading
 
-import pytest
-
-from engine import DB
 from router.cli import data_cmds
 from router.cluster_map import ClusterMap
 from router.slots import SLOT_COUNT, slot_of
@@ -91,6 +88,7 @@ from shard.server import create_server
 
 from .conftest import free_port, poll_until, start_router_process
 from .test_load_busy import _cli, _input, _serve_stopped
+from .test_review_session16 import _at_slowdown
 from .test_write_timeout import _stopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,24 +99,9 @@ BIG = "x" * 2000  # 50 such records fill a 64 KiB memtable
 def _room_once(path):
     """A DB with L0 at l0_stop_trigger (compactions held off) and an empty memtable: writes
     are taken until the memtable is full, then held (slowdowns off). Yields (db, release)."""
-    db = DB.open(path, memtable_bytes=64 * 1024, l0_compaction_trigger=2,
-                 l0_slowdown_trigger=2, l0_stop_trigger=2, slowdown_sleep_s=0, table_workers=0)
-    held = [True]
-    db._compaction_lock.acquire()
-
-    def release():
-        if held[0]:
-            held[0] = False
-            db._compaction_lock.release()
-
-    try:
-        for i in range(2):
-            db.put(b"base%d" % i, b"v")
-            db.flush()
-        yield db, release
-    finally:
-        release()
-        db.close()
+    with _at_slowdown(path, memtable_bytes=64 * 1024, l0_stop_trigger=2,
+                      slowdown_sleep_s=0) as held:
+        yield held
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .conftest import poll_until
+from .test_review_session16 import _at_slowdown
 
 VALUE = b"v" * 1000
 
@@ -36,22 +37,8 @@ VALUE = b"v" * 1000
 def _stopped(path, **kw):
     """A DB whose L0 holds 2 tables (= l0_stop_trigger) with compactions held off, and a
     memtable filled until a write stops. Yields (db, keys written, release)."""
-    opts = dict(memtable_bytes=64 * 1024, l0_compaction_trigger=2, l0_slowdown_trigger=2,
-                l0_stop_trigger=2, table_workers=0)
-    opts.update(kw)
-    db = DB.open(path, **opts)
-    held = [True]
-    db._compaction_lock.acquire()
-
-    def release():
-        if held[0]:
-            held[0] = False
-            db._compaction_lock.release()
-
-    try:
-        for i in range(2):
-            db.put(b"base%d" % i, b"v")
-            db.flush()
+    with _at_slowdown(path, **{"memtable_bytes": 64 * 1024, "l0_stop_trigger": 2,
+                               **kw}) as (db, release):
         written = []
         for i in range(10_000):  # ~55 fill the memtable; the next one stops
             key = b"fill%05d" % i
@@ -63,9 +50,6 @@ def _stopped(path, **kw):
         else:
             pytest.fail("no write ever stopped")
         yield db, written, release
-    finally:
-        release()
-        db.close()
 
 
 def test_a_stopped_write_gives_up_at_its_timeout_and_is_not_applied(tmp_path):
