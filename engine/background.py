@@ -68,7 +68,7 @@ from .compaction.subcompaction import MIN_SPLIT_TARGETS, split, split_points
 from .errors import SieveError
 from .filter_plan import bits_for_new_table, is_last_level, table_options
 from .memtable import ColumnsOf, MemTable
-from .output_check import check_output, not_installed
+from .output_check import open_checked
 from .table_workers import NoWorker, WorkerLost
 from .table_writer import Cancelled, NumbersExhausted, flush_job, write_tables
 from .version_edit import VersionEdit
@@ -314,27 +314,17 @@ class Background:
         latency"). If the manifest edit fails, _log_and_apply closes them, so that a failed DB
         kept open for reads holds no table no version lists. Compactions call this under
         ``_compaction_lock`` (outside the DB mutex and ``_version_lock``)."""
-        for attempt in (1, 2):
-            opened: list[int] = []
-            try:
-                for m in metas:
-                    table = self._tables.get(m.number, listed=False)
-                    opened.append(m.number)  # closed again below if its check fails
-                    check_output(table, m)
-                return opened
-            except Exception as exc:  # noqa: BLE001 - tried again, then raised below
-                self._close_unpublished(opened)
-                if attempt == 2:
-                    for m in metas:
-                        self._remove_file(filenames.table_file_name(self.path, m.number))
-                    self._unreserve(reserved)
-                    self._unreserve(m.number for m in metas)
-                    log.error("%s: %s output not installed", self.path, job, exc_info=exc)
-                    err = not_installed(exc, job, kept)
-                    if err is exc:
-                        raise
-                    raise err from exc
-        raise AssertionError("unreachable")
+        def give_up(exc) -> None:
+            for m in metas:
+                self._remove_file(filenames.table_file_name(self.path, m.number))
+            self._unreserve(reserved)
+            self._unreserve(m.number for m in metas)
+            log.error("%s: %s output not installed", self.path, job, exc_info=exc)
+
+        opened = open_checked(
+            metas, lambda m: self._tables.get(m.number, listed=False),
+            lambda pairs: self._close_unpublished([n for n, _ in pairs]), give_up, job, kept)
+        return [n for n, _ in opened]
 
     def _close_unpublished(self, numbers) -> None:
         """Close tables opened by _open_outputs that no version published. Best effort: a

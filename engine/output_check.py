@@ -48,31 +48,51 @@ def check_output(table, meta) -> None:
                                   f"{want!r}", path=table.path)
 
 
-def check_new_tables(fs, dirname: str, metas) -> None:
-    """Open each new table of ``metas`` (FileMeta) in ``dirname``, :func:`check_output` it and
-    close it (recovery's tables, before their edit). A failure is tried once more; a second
-    one removes every table of ``metas`` and raises :func:`not_installed`'s error."""
+def open_checked(metas, open_one, close, give_up, job: str, kept: str) -> list:
+    """Open each new table of ``metas`` (FileMeta) with ``open_one(meta)`` and
+    :func:`check_output` it; returns ``[(number, table)]``. On any failure the tables opened
+    so far are passed to ``close`` and all are tried once more (an open can fail for a moment:
+    EMFILE while another thread holds many descriptors). A second failure calls
+    ``give_up(exc)`` (remove the outputs) and raises :func:`not_installed`'s error for
+    ``job`` and ``kept``."""
     for attempt in (1, 2):
+        opened: list = []
         try:
             for m in metas:
-                table = Table.open(fs, table_file_name(dirname, m.number), file_number=m.number)
-                try:
-                    check_output(table, m)
-                finally:
-                    table.close()
-            return
+                table = open_one(m)
+                opened.append((m.number, table))  # closed again below if its check fails
+                check_output(table, m)
+            return opened
         except Exception as exc:  # noqa: BLE001 - tried again, then raised below
+            close(opened)
             if attempt == 2:
-                for m in metas:
-                    try:
-                        fs.remove(table_file_name(dirname, m.number))
-                    except SieveError:
-                        pass  # an unlisted table is removed at the next open
-                err = not_installed(exc, "recovery", "the write-ahead logs replayed stay on "
-                                    "disk, for the next open")
+                give_up(exc)
+                err = not_installed(exc, job, kept)
                 if err is exc:
                     raise
                 raise err from exc
+    raise AssertionError("unreachable")
+
+
+def check_new_tables(fs, dirname: str, metas) -> None:
+    """:func:`open_checked` for recovery's tables, before their edit: each is opened with
+    ``Table.open`` and closed again; a table that fails twice removes them all."""
+    def close(opened) -> None:
+        for _number, table in opened:
+            table.close()
+
+    def remove_all(_exc) -> None:
+        for m in metas:
+            try:
+                fs.remove(table_file_name(dirname, m.number))
+            except SieveError:
+                pass  # an unlisted table is removed at the next open
+
+    close(open_checked(
+        metas, lambda m: Table.open(fs, table_file_name(dirname, m.number),
+                                    file_number=m.number),
+        close, remove_all, "recovery", "the write-ahead logs replayed stay on disk, for the "
+        "next open"))
 
 
 def not_installed(exc: BaseException, job: str, kept: str) -> BaseException:
