@@ -304,7 +304,16 @@ class DB(Background, WriteStalls):
         return e[2]
 
     def multi_get(self, keys, max_bytes: int | None = None) -> list:
-        """[get(k) for k in keys], all against one read state.
+        """[get(k) for k in keys], read at one moment: a write batch applied while it runs is
+        seen whole or not at all, as RocksDB's MultiGet reads one implicit snapshot.
+
+        How: frozen memtables and tables never change, so only the active memtable can move
+        under the read. Its records for every key are taken in one C call (``list(map(
+        dict.get, keys))`` runs no Python code for bytes keys, so no other thread runs in the
+        middle of it; a batch is stored with one ``dict.update``, engine/memtable.py), then
+        the keys it does not hold are looked up in the older sources. Until session 18 each
+        key was read in turn and a batch written meanwhile could be seen in part
+        (tests/test_batch_visibility.py).
 
         ``max_bytes``: raise ResultTooLargeError as soon as the values found add up to more
         (a server answering within a message limit stops there, instead of first building an
@@ -313,27 +322,34 @@ class DB(Background, WriteStalls):
         rs = self._rs
         if rs is None:
             raise ClosedError("DB is closed")
-        out = []
-        append = out.append
-        find = rs.find
         check = self._check_key
         maxk = self._max_key
+        keys = [k if type(k) is bytes and k and len(k) <= maxk else check(k) for k in keys]
+        records = list(map(rs.mem_get, keys))  # the active memtable at one moment (above)
+        out = []
+        append = out.append
+        find = rs.find_older
         budget = max_bytes
-        for key in keys:
-            if type(key) is not bytes or not key or len(key) > maxk:
-                key = check(key)
-            e = find(key)
-            if e is None or e[1] == KIND_DELETE:
-                append(None)
-                continue
+        for key, r in zip(keys, records):
+            if r is not None:
+                if r[0] == KIND_DELETE:
+                    append(None)
+                    continue
+                v = r[8:]
+            else:
+                e = find(key)
+                if e is None or e[1] == KIND_DELETE:
+                    append(None)
+                    continue
+                v = e[2]
             if budget is not None:
-                budget -= len(e[2])
+                budget -= len(v)
                 if budget < 0:
                     self.gets += len(out) + 1
                     raise ResultTooLargeError(
                         f"the values found exceed {max_bytes} bytes by key {len(out) + 1} "
                         f"({max_bytes - budget} bytes); ask for fewer keys at a time")
-            append(e[2])
+            append(v)
         self.gets += len(out)
         return out
 

@@ -80,6 +80,11 @@ class ReadState:
         r = self.mem_get(key)
         if r is not None:
             return decode_record(r)
+        return self.find_older(key)
+
+    def find_older(self, key: bytes):
+        """:meth:`find` below the active memtable: the frozen memtables and the tables, none
+        of which ever changes (DB.multi_get reads the active memtable itself, at once)."""
         for get in self.older:
             e = get(key)
             if e is not None:

@@ -97,6 +97,8 @@ class KVServicer:
 
     def MultiGet(self, request, context):
         """Many lookups; the router splits the keys per shard and asks the shards in parallel.
+        Each shard reads its keys at one moment (a Write applied meanwhile is seen whole or not
+        at all); the shards are read independently of each other.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
