@@ -357,9 +357,12 @@ class DB(Background, WriteStalls):
              limit: int | None = None):
         """Iterator of (key, value) with start <= key < end, in key order, at most ``limit``.
 
-        Reads a consistent list of sources taken now (tables stay open while the iterator
-        lives); the memtable is read lazily in chunks, so a write made while scanning may or
-        may not be seen, but every key appears once with a value it held during the scan.
+        A point-in-time read: the iterator returns the DB as it was when ``scan`` was called,
+        whatever is written while it is read (a write batch is seen whole or not at all).
+        Tables stay open, and the records that writes replace in the active memtable are
+        kept, until the iterator is exhausted, closed or dropped (engine/memtable.py,
+        "Snapshots"); so close or drop a scan you stop reading early. Until session 18 the
+        memtable was read as it was when each chunk of it was copied.
         """
         rs = self._rs
         if rs is None:
@@ -370,27 +373,34 @@ class DB(Background, WriteStalls):
             end = self._check_key(end, allow_empty=True)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"scan limit must be None or an int >= 0, got {limit!r}")
-        if start is not None and end is not None and start >= end:
+        if (start is not None and end is not None and start >= end) or limit == 0:
             return iter(())
-        return self._scan(rs, start or None, end, limit)
+        it = self._scan(rs, start or None, end, limit)
+        next(it)  # takes the snapshot now; from here on its finally releases it
+        return it
 
     def _scan(self, rs, start, end, limit):
         """Newest entry per key from every source; tombstones hidden; stop at end / limit.
-        (engine.iterators.live_items, inlined: one generator layer less per entry.)"""
-        if limit == 0:
-            return
-        n = 0
-        for key, _seq, kind, value in merge_newest(rs.sources(start, end)):
-            if end is not None and key >= end:
-                return
-            if kind == KIND_DELETE:
-                continue
-            if self._rs is None:
-                raise ClosedError("DB was closed during the scan")
-            yield key, value
-            n += 1
-            if n == limit:
-                return
+        (engine.iterators.live_items, inlined: one generator layer less per entry.) Yields
+        None first, once the snapshot is taken (``scan`` consumes it)."""
+        mem = rs.mem
+        snapshot = mem.snapshot()
+        try:
+            yield None
+            n = 0
+            for key, _seq, kind, value in merge_newest(rs.sources(start, end, snapshot)):
+                if end is not None and key >= end:
+                    return
+                if kind == KIND_DELETE:
+                    continue
+                if self._rs is None:
+                    raise ClosedError("DB was closed during the scan")
+                yield key, value
+                n += 1
+                if n == limit:
+                    return
+        finally:
+            mem.release()
 
     # ------------------------------------------------------------------------------------
     # writes

@@ -1,8 +1,8 @@
 """The memtable: the newest version of each recently written key, in key order.
 
-A :class:`MemTable` maps each key to its newest entry ``(seq, kind, value)`` (the DB has no
-snapshots, so older versions are never needed). Deletes are stored as ``(seq, KIND_DELETE,
-b"")`` tombstones so that they hide older versions in tables.
+A :class:`MemTable` maps each key to its newest entry ``(seq, kind, value)``. Deletes are
+stored as ``(seq, KIND_DELETE, b"")`` tombstones so that they hide older versions in tables.
+Older versions are kept only while a scan reads the memtable (Snapshots, below).
 
 An entry is held as one *record*, a bytes object: the 8-byte tag ``seq << 8 | kind``
 (little-endian, as in a table's entries: docs/format.md "Data blocks"), then the value. So its
@@ -30,13 +30,24 @@ Thread safety:
 - :attr:`get_record` (the hot path: DB.get) and :meth:`get` take no lock: one ``dict.get``
   (atomic under the GIL).
 - :meth:`iterate` copies the requested range lazily, ``chunk`` entries at a time, under
-  ``self.lock`` (merging pending keys first). Entries written after the iterator passed them
-  are not seen; entries written ahead of it are (each key returned is a value the key held at
-  some moment during the scan).
+  ``self.lock`` (merging pending keys first). Without a snapshot, entries written after the
+  iterator passed them are not seen and entries written ahead of it are; with one (below),
+  what it returns is the memtable as it was when the snapshot was taken.
 - Once frozen (:meth:`freeze`) the memtable is never mutated again. Freezing does not sort:
   it runs in a writer's path (the memtable switch), so the pending keys are merged by the
   first ordered read instead (:meth:`items`, a scan), or never, when a table worker process
   flushes the memtable from :meth:`columns` and sorts there.
+
+Snapshots (what makes a scan a point-in-time read): :meth:`snapshot` returns the newest
+sequence number stored, ``S``, and until the matching :meth:`release` every record that a write
+replaces is kept in ``_history`` (key -> its replaced records, oldest first). ``iterate(...,
+snapshot=S)`` then returns, for each key, its newest record with a sequence number <= S, and
+skips a key with none (written after S: absent from this memtable at S, so older sources
+answer for it). Records are applied in sequence order (one writer at a time), so the records
+<= S are exactly what the memtable held when S was taken. The last release drops the
+history. Kept records cost no memory the flush trigger does not see: ``approximate_bytes``
+already counts every write, overwrites included (below). A frozen memtable keeps whatever
+history its open scans need; it takes no more writes.
 
 Sizes: ``approximate_bytes`` counts ``len(key) + len(value) + ENTRY_OVERHEAD`` for every write
 (overwrites included, as LevelDB's arena does), which is what the flush trigger compares:
@@ -83,7 +94,7 @@ class MemTable:
     """Newest-only sorted map of recent writes. See the module docstring for the contract."""
 
     __slots__ = ("_data", "_keys", "_pending", "get_record", "lock", "approximate_bytes",
-                 "log_number", "frozen")
+                 "log_number", "frozen", "last_seq", "_history", "_snapshots", "_released")
 
     def __init__(self, log_number: int = 0):
         self._data: dict = {}
@@ -95,6 +106,10 @@ class MemTable:
         self.approximate_bytes = 0
         self.log_number = log_number
         self.frozen = False
+        self.last_seq = 0  # the newest sequence number stored (set under self.lock)
+        self._history: dict | None = None  # while snapshots are open (module docstring)
+        self._snapshots = 0  # snapshots taken; those released are also in _released
+        self._released: list = []  # one item per release() not yet counted (release says why)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -114,9 +129,15 @@ class MemTable:
         if len(ops) == 1:
             kind, key, value = ops[0]
             with self.lock:
-                if key not in data:
+                if self._released:
+                    self._count_releases()
+                old = data.get(key)
+                if old is None:
                     self._pending.append(key)
+                elif self._history is not None:  # a scan may still need the old record
+                    self._history.setdefault(key, []).append(old)
                 data[key] = _pack_tag(first_seq << 8 | kind) + value
+                self.last_seq = first_seq
                 self.approximate_bytes += len(key) + len(value) + ENTRY_OVERHEAD
             return first_seq
         size = 0
@@ -128,10 +149,59 @@ class MemTable:
             size += len(key) + len(value)
         with self.lock:
             # _pending under the lock: _sorted_keys() replaces the list
-            self._pending.extend([k for k in batch if k not in data])  # the new keys
+            if self._released:
+                self._count_releases()
+            history = self._history
+            if history is None:
+                self._pending.extend([k for k in batch if k not in data])  # the new keys
+            else:  # a scan may still need the records this batch replaces
+                new = []
+                for k in batch:
+                    old = data.get(k)
+                    if old is None:
+                        new.append(k)
+                    else:
+                        history.setdefault(k, []).append(old)
+                self._pending.extend(new)
             data.update(batch)  # visible to lock-free readers at once (module docstring)
+            self.last_seq = seq
             self.approximate_bytes += size + len(ops) * ENTRY_OVERHEAD
         return seq
+
+    def snapshot(self) -> int:
+        """Open a snapshot: returns S, the newest sequence number stored; until the matching
+        :meth:`release`, ``iterate(..., snapshot=S)`` reads the memtable as it is now
+        (module docstring, "Snapshots")."""
+        with self.lock:
+            if self._released:
+                self._count_releases()
+            if self._history is None:
+                self._history = {}
+            self._snapshots += 1
+            return self.last_seq
+
+    def release(self) -> None:
+        """Close one snapshot; once all are closed, the next write or snapshot drops the kept
+        records. Takes no lock: a scan's generator calls this when it is finalized, which the
+        garbage collector may do in any thread, including one inside :meth:`add` holding
+        ``self.lock`` (``list.append`` is atomic under the GIL)."""
+        self._released.append(None)
+
+    def _count_releases(self) -> None:
+        """Count the releases made since the last call. REQUIRES: self.lock held."""
+        n = len(self._released)
+        del self._released[:n]
+        self._snapshots -= n
+        if not self._snapshots:
+            self._history = None
+
+    def _as_of(self, key: bytes, snapshot: int):
+        """``key``'s newest kept record with a sequence number <= ``snapshot``, or None.
+        REQUIRES: self.lock held, a snapshot open."""
+        for r in reversed(self._history.get(key, ())):
+            if _tag_at(r)[0] >> 8 <= snapshot:
+                return r
+        return None
 
     def _sorted_keys(self) -> SortedList:
         """The SortedList with every key. REQUIRES: self.lock held (or frozen)."""
@@ -170,18 +240,20 @@ class MemTable:
                        b"".join(records), array("I", map(len, records)).tobytes())
 
     def iterate(self, start: bytes | None = None, end: bytes | None = None,
-                chunk: int = 16) -> Iterator[tuple[bytes, int, int, bytes]]:
+                chunk: int = 16, snapshot: int | None = None
+                ) -> Iterator[tuple[bytes, int, int, bytes]]:
         """Entries with start <= key < end as (key, seq, kind, value), copied in chunks of
         ``chunk`` entries, each next one twice as large up to 4096 (the chunks chained: no
         Python frame per entry). A seek that reads one entry copies 16, not 128 (until
         session 15 the first chunk was 128: ~30 us of every seek that a memtable of 128+
         entries past the start slowed down).
 
-        Safe while a writer adds entries (see the module docstring).
+        Safe while a writer adds entries (see the module docstring). ``snapshot``: a value
+        from :meth:`snapshot`, still open; the entries as they were then.
         """
-        return chain.from_iterable(self._chunks(start, end, chunk))
+        return chain.from_iterable(self._chunks(start, end, chunk, snapshot))
 
-    def _chunks(self, lo, end, chunk):
+    def _chunks(self, lo, end, chunk, snapshot):
         data = self._data
         lock = self.lock
         inclusive = True
@@ -190,16 +262,25 @@ class MemTable:
                 keys = self._sorted_keys().irange(lo, end, inclusive=(inclusive, False))
                 batch = []
                 append = batch.append
+                seen = 0
                 for key in keys:
+                    seen += 1
                     r = data[key]
                     tag = _tag_at(r)[0]
+                    if snapshot is not None and tag >> 8 > snapshot:
+                        r = self._as_of(key, snapshot)  # written since: as it was then
+                        if r is None:
+                            if seen >= chunk:
+                                break
+                            continue
+                        tag = _tag_at(r)[0]
                     append((key, tag >> 8, tag & 0xFF, r[8:]))
-                    if len(batch) >= chunk:
+                    if seen >= chunk:
                         break
             yield batch
-            if len(batch) < chunk:
+            if seen < chunk:
                 return
-            lo = batch[-1][0]
+            lo = key
             inclusive = False
             if chunk < 4096:
                 chunk *= 2

@@ -97,13 +97,15 @@ class ReadState:
                     return e
         return None
 
-    def sources(self, start: bytes | None, end: bytes | None) -> list[Iterator]:
+    def sources(self, start: bytes | None, end: bytes | None,
+                snapshot: int | None = None) -> list[Iterator]:
         """Sorted entry iterators over every source, newest source first, from ``start``.
 
         Memtables are bounded by ``end`` themselves; table iterators run to their end and the
-        caller stops at ``end``.
+        caller stops at ``end``. ``snapshot``: one open on the active memtable
+        (``mem.snapshot()``): it is read as it was then; nothing else here ever changes.
         """
-        out = [self.mem.iterate(start, end)]
+        out = [self.mem.iterate(start, end, snapshot=snapshot)]
         out.extend(m.iterate(start, end) for m in self.frozen)
         out.extend(_bounded_table(t, start, end) for t in self.l0)
         for largests, smallests, _gets, ts in self.levels:

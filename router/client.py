@@ -306,6 +306,8 @@ class Client:
         no limit). Resumes after the last yielded key when the stream fails with UNAVAILABLE
         or CANCELLED (within retries): the resumed scan starts *at* that key (its successor
         ``key + b"\\x00"`` would be over the key limit after a maximal key) and skips it.
+        Each shard reads its part at one moment (proto/sievekv.proto, Scan); a resumed scan
+        reads the rest at a later one.
 
         Deadline: unlike the other methods, a scan has none of the client's unless
         ``timeout`` is given, because its time includes the caller's own between entries (a

@@ -120,7 +120,9 @@ class KVServicer:
         """Entries with start <= key < end in key order (across all shards through the router),
         at most `limit` of them, several entries per message. A stream holds a server thread for
         as long as its client reads it; a router gives a scan whose client set no deadline its
-        long-call default (--admin-timeout, 600 s).
+        long-call default (--admin-timeout, 600 s). Each shard's part is a point-in-time read
+        of that shard, taken when its scan starts (a Write applied meanwhile is seen whole or not
+        at all); the shards' moments are not the same one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

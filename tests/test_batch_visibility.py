@@ -13,8 +13,9 @@ read. (Gets one after another may see older values first and newer ones later: e
 its own read.) A short switch interval makes the interpreter switch threads often enough that
 the old code failed within a few hundred batches.
 
-A multi_get is one read (session 18): it must see every key of the same batch. It read key
-after key until then, and saw two batches in ~3% of its reads here.
+A multi_get and a scan are each one read (session 18): each must see every key of the same
+batch. Until then a multi_get read key after key, and saw two batches in ~3% of its reads; a
+scan copied the memtable in chunks, each as it was at that moment.
 """
 
 from __future__ import annotations
@@ -99,3 +100,58 @@ def test_multi_get_reads_one_batch_across_memtable_switches(tmp_path):
     bad = _run(tmp_path, lambda db: lambda: db.multi_get(KEYS), batches=2000, one_batch=True,
                memtable_bytes=64 * 1024)
     assert not bad, f"a multi_get saw two batches: {bad[0]}"
+
+
+def test_scan_reads_one_batch(tmp_path):
+    """A scan is a point-in-time read: every value it returns comes from the same batch,
+    though the memtable is copied in chunks (16 entries first) while batches are written."""
+    bad = _run(tmp_path, lambda db: lambda: [v for _k, v in db.scan()], one_batch=True)
+    assert not bad, f"a scan saw two batches: {bad[0]}"
+
+
+def test_scan_reads_one_batch_across_memtable_switches(tmp_path):
+    bad = _run(tmp_path, lambda db: lambda: [v for _k, v in db.scan()], batches=2000,
+               one_batch=True, memtable_bytes=64 * 1024)
+    assert not bad, f"a scan saw two batches: {bad[0]}"
+
+
+def test_a_scan_sees_a_moved_token_once(tmp_path):
+    """A batch that moves a token from one key to another (the old key set back to "-", the
+    new one to the token) is seen whole by a scan: exactly one key holds it, whichever way
+    the two keys lie from the scan's cursor."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with DB.open(tmp_path / "db", table_workers=0) as db:
+            names = [b"t%03d" % j for j in range(200)]
+            db.write([(k, b"-") for k in names])
+            db.put(names[0], b"token")
+            stop = threading.Event()
+            seen: list = []
+
+            def scanner():
+                while not stop.is_set():
+                    holders = [k for k, v in db.scan() if v == b"token"]
+                    if len(holders) != 1:
+                        seen.append(holders)
+                        stop.set()
+
+            threads = [threading.Thread(target=scanner) for _ in range(2)]
+            for t in threads:
+                t.start()
+            try:
+                at = 0
+                for _ in range(3000):
+                    if stop.is_set():
+                        break
+                    to = (at + 97) % len(names)  # back and forth across the whole range
+                    db.write([(names[at], b"-"), (names[to], b"token")])
+                    at = to
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
+            assert not seen, f"a scan saw the token at {seen[0]}"
+            assert [k for k, v in db.scan() if v == b"token"] == [names[at]]
+    finally:
+        sys.setswitchinterval(old)
