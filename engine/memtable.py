@@ -129,13 +129,10 @@ class MemTable:
         if len(ops) == 1:
             kind, key, value = ops[0]
             with self.lock:
-                if self._released:
-                    self._count_releases()
-                old = data.get(key)
-                if old is None:
+                if key not in data:
                     self._pending.append(key)
                 elif self._history is not None:  # a scan may still need the old record
-                    self._history.setdefault(key, []).append(old)
+                    self._keep(key, data[key])
                 data[key] = _pack_tag(first_seq << 8 | kind) + value
                 self.last_seq = first_seq
                 self.approximate_bytes += len(key) + len(value) + ENTRY_OVERHEAD
@@ -149,9 +146,10 @@ class MemTable:
             size += len(key) + len(value)
         with self.lock:
             # _pending under the lock: _sorted_keys() replaces the list
-            if self._released:
-                self._count_releases()
             history = self._history
+            if history is not None and self._released:
+                self._count_releases()
+                history = self._history
             if history is None:
                 self._pending.extend([k for k in batch if k not in data])  # the new keys
             else:  # a scan may still need the records this batch replaces
@@ -181,11 +179,20 @@ class MemTable:
             return self.last_seq
 
     def release(self) -> None:
-        """Close one snapshot; once all are closed, the next write or snapshot drops the kept
-        records. Takes no lock: a scan's generator calls this when it is finalized, which the
+        """Close one snapshot; once all are closed, the next snapshot, or the next write that
+        replaces a record, drops the kept records. Takes no lock: a scan's generator calls this when it is finalized, which the
         garbage collector may do in any thread, including one inside :meth:`add` holding
         ``self.lock`` (``list.append`` is atomic under the GIL)."""
         self._released.append(None)
+
+    def _keep(self, key: bytes, record: bytes) -> None:
+        """Keep ``record``, which a write replaces, for the open snapshots (if any are still
+        open). REQUIRES: self.lock held."""
+        if self._released:
+            self._count_releases()
+            if self._history is None:
+                return
+        self._history.setdefault(key, []).append(record)
 
     def _count_releases(self) -> None:
         """Count the releases made since the last call. REQUIRES: self.lock held."""
