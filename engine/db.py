@@ -360,7 +360,7 @@ class DB(Background, WriteStalls):
         A point-in-time read: the iterator returns the DB as it was when ``scan`` was called,
         whatever is written while it is read (a write batch is seen whole or not at all).
         Tables stay open, and the records that writes replace in the active memtable are
-        kept, until the iterator is exhausted, closed or dropped (engine/memtable.py,
+        kept, while the iterator is neither exhausted, closed nor dropped (engine/memtable.py,
         "Snapshots"); so close or drop a scan you stop reading early. Until session 18 the
         memtable was read as it was when each chunk of it was copied.
         """

@@ -38,16 +38,20 @@ Thread safety:
   first ordered read instead (:meth:`items`, a scan), or never, when a table worker process
   flushes the memtable from :meth:`columns` and sorts there.
 
-Snapshots (what makes a scan a point-in-time read): :meth:`snapshot` returns the newest
+Snapshots (what makes a scan a point-in-time read): :meth:`snapshot` returns the largest
 sequence number stored, ``S``, and until the matching :meth:`release` every record that a write
 replaces is kept in ``_history`` (key -> its replaced records, oldest first). ``iterate(...,
 snapshot=S)`` then returns, for each key, its newest record with a sequence number <= S, and
 skips a key with none (written after S: absent from this memtable at S, so older sources
-answer for it). Records are applied in sequence order (one writer at a time), so the records
-<= S are exactly what the memtable held when S was taken. The last release drops the
-history. Kept records cost no memory the flush trigger does not see: ``approximate_bytes``
-already counts every write, overwrites included (below). A frozen memtable keeps whatever
-history its open scans need; it takes no more writes.
+answer for it). A DB applies records in sequence order (one writer at a time), so the records
+<= S are exactly what the memtable held when S was taken. Log replay may not: after a crash
+while recovery copied the last log, a read-only open replays that log and then its partial
+copy, so S is the largest number stored, not the last one applied (tests/
+test_review_session18.py). Once every snapshot is released, the next snapshot or the next
+write that replaces a record drops the history; a frozen memtable takes neither, and keeps
+its history until it is freed (after its flush, once no read state holds it). Kept records
+cost no memory the flush trigger does not see: ``approximate_bytes`` already counts every
+write, overwrites included (below).
 
 Sizes: ``approximate_bytes`` counts ``len(key) + len(value) + ENTRY_OVERHEAD`` for every write
 (overwrites included, as LevelDB's arena does), which is what the flush trigger compares:
@@ -91,7 +95,8 @@ def decode_record(record: bytes) -> tuple[int, int, bytes]:
 
 
 class MemTable:
-    """Newest-only sorted map of recent writes. See the module docstring for the contract."""
+    """Sorted map of recent writes to their newest records (older ones kept only for open
+    snapshots). See the module docstring for the contract."""
 
     __slots__ = ("_data", "_keys", "_pending", "get_record", "lock", "approximate_bytes",
                  "log_number", "frozen", "last_seq", "_history", "_snapshots", "_released")
@@ -106,7 +111,7 @@ class MemTable:
         self.approximate_bytes = 0
         self.log_number = log_number
         self.frozen = False
-        self.last_seq = 0  # the newest sequence number stored (set under self.lock)
+        self.last_seq = 0  # the largest sequence number stored (set under self.lock)
         self._history: dict | None = None  # while snapshots are open (module docstring)
         self._snapshots = 0  # snapshots taken; those released are also in _released
         self._released: list = []  # one item per release() not yet counted (release says why)
@@ -134,7 +139,8 @@ class MemTable:
                 elif self._history is not None:  # a scan may still need the old record
                     self._keep(key, data[key])
                 data[key] = _pack_tag(first_seq << 8 | kind) + value
-                self.last_seq = first_seq
+                if first_seq > self.last_seq:
+                    self.last_seq = first_seq
                 self.approximate_bytes += len(key) + len(value) + ENTRY_OVERHEAD
             return first_seq
         size = 0
@@ -162,7 +168,8 @@ class MemTable:
                         history.setdefault(k, []).append(old)
                 self._pending.extend(new)
             data.update(batch)  # visible to lock-free readers at once (module docstring)
-            self.last_seq = seq
+            if seq > self.last_seq:
+                self.last_seq = seq
             self.approximate_bytes += size + len(ops) * ENTRY_OVERHEAD
         return seq
 

@@ -47,13 +47,13 @@ Checked and holds (plain tests below, or by reading):
   (``_check_key`` refuses bytes subclasses), and it allocates no GC-tracked object.
 - Docstrings: nothing in engine/, shard/, router/, docs/, README.md or tests/ still says
   scans or multi_gets are not snapshots. Inexact, not pinned: engine/memtable.py's module
-  docstring says "The last release drops the history" and "A frozen memtable keeps whatever
+  docstring said "The last release drops the history" and "A frozen memtable keeps whatever
   history its open scans need" (the drop waits for the next snapshot or replacing write,
   which a frozen memtable never gets: it keeps the history until freed); the class docstring
-  still says "Newest-only"; DB.scan's "kept ... until the iterator is exhausted, closed or
-  dropped" likewise.
+  said "Newest-only"; DB.scan's "kept ... until the iterator is exhausted, closed or
+  dropped" likewise. All four were corrected in session 18.
 
-Findings (strict xfails):
+Findings (each fixed in session 18; the test was a strict xfail until then):
 
 1. A read-only open replays every log into ONE memtable, and ``MemTable.last_seq`` is the
    number of the last record *applied*, not the newest stored. Logs are not always in
@@ -105,12 +105,12 @@ def _alive(mem_id: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Findings (xfail strict)
+# Findings (fixed in session 18)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 1: a read-only DB replays every log into one memtable, whose last_seq is the last "
-    "record applied, not the newest stored; after a crash while recovery copied the last log, "
-    "the copy (a prefix) is replayed last, and the scan's snapshot hides every key after it"))
+# Fixed in session 18; was a strict xfail: "a read-only DB replays every log into one
+# memtable, whose last_seq was the last record applied, not the newest stored; after a crash
+# while recovery copied the last log, the copy (a prefix) is replayed last, and the scan's
+# snapshot hid every key after it". MemTable.last_seq is now the largest number stored.
 def test_a_read_only_scan_after_a_crash_while_recovery_copied_the_last_log_sees_every_key(
         tmp_path):
     base = tmp_path / "base"
