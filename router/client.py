@@ -268,7 +268,9 @@ class Client:
                   timeout: float | None = None) -> list[bytes | None]:
         """Values of ``keys`` in order (None = absent), asked ``chunk`` keys per call. A call
         whose answer is over the message limit (RESOURCE_EXHAUSTED: large values) is asked
-        again as two halves, down to one key per call."""
+        again as two halves, down to one key per call. Each call reads each shard's keys at
+        one moment (proto/sievekv.proto, MultiGet); separate calls, shards and halves are
+        read at separate moments."""
         keys = [_check_bytes(k, "each key") for k in keys]
         _check_int(chunk, "chunk", 1)
         out: list[bytes | None] = []
