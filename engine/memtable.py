@@ -174,7 +174,7 @@ class MemTable:
         return seq
 
     def snapshot(self) -> int:
-        """Open a snapshot: returns S, the newest sequence number stored; until the matching
+        """Open a snapshot: returns S, the largest sequence number stored; until the matching
         :meth:`release`, ``iterate(..., snapshot=S)`` reads the memtable as it is now
         (module docstring, "Snapshots")."""
         with self.lock:
@@ -187,9 +187,10 @@ class MemTable:
 
     def release(self) -> None:
         """Close one snapshot; once all are closed, the next snapshot, or the next write that
-        replaces a record, drops the kept records. Takes no lock: a scan's generator calls this when it is finalized, which the
-        garbage collector may do in any thread, including one inside :meth:`add` holding
-        ``self.lock`` (``list.append`` is atomic under the GIL)."""
+        replaces a record, drops the kept records. Takes no lock: a scan's generator calls
+        this when it is finalized, which the garbage collector may do in any thread,
+        including one inside :meth:`add` holding ``self.lock`` (``list.append`` is atomic
+        under the GIL)."""
         self._released.append(None)
 
     def _keep(self, key: bytes, record: bytes) -> None:
