@@ -7,6 +7,7 @@ Public API (see the README and engine/options.py for every option)::
     db.write([(key, value_or_None), ...], sync=None)   # atomic; None deletes
     db.multi_get(keys) -> list[bytes | None]
     db.scan(start=None, end=None, limit=None)         # (key, value) in key order, end exclusive
+    with db.snapshot() as snap: snap.get(key) ...    # get, multi_get, scan at one moment
     db.flush(); db.compact(); db.stats(); db.filter_report(); db.close()
 
 Writes (engine/group_commit.py): a write is one log record, appended (and, with ``sync``,
@@ -68,6 +69,7 @@ from .manifest import Manifest
 from .memtable import MemTable
 from .options import Options
 from .read_state import ReadState
+from .snapshot import Snapshot
 from .recovery import recover
 from .table_set import TableSet
 from .table_writer import Cancelled
@@ -367,6 +369,20 @@ class DB(Background, WriteStalls):
         rs = self._rs
         if rs is None:
             raise ClosedError("DB is closed")
+        return self._scan_of(rs, start, end, limit)
+
+    def snapshot(self) -> Snapshot:
+        """A :class:`engine.snapshot.Snapshot` of now: ``get``, ``multi_get`` and ``scan`` as
+        the DB is at this moment, until it is closed (a context manager). It keeps the tables
+        and memtable records of its moment: close it when done (engine/snapshot.py)."""
+        rs = self._rs
+        if rs is None:
+            raise ClosedError("DB is closed")
+        return Snapshot(self, rs)
+
+    def _scan_of(self, rs, start, end, limit, sequence: int | None = None):
+        """:meth:`scan` over the read state ``rs``, its active memtable read at a snapshot
+        taken now, or at ``sequence`` (a :class:`Snapshot`'s, still open)."""
         if start is not None:
             start = self._check_key(start, allow_empty=True)
         if end is not None:
@@ -375,16 +391,21 @@ class DB(Background, WriteStalls):
             raise InvalidArgumentError(f"scan limit must be None or an int >= 0, got {limit!r}")
         if (start is not None and end is not None and start >= end) or limit == 0:
             return iter(())
-        it = self._scan(rs, start or None, end, limit)
+        it = self._scan(rs, start or None, end, limit, sequence)
         next(it)  # takes the snapshot now; from here on its finally releases it
         return it
 
-    def _scan(self, rs, start, end, limit):
+    def _scan(self, rs, start, end, limit, sequence):
         """Newest entry per key from every source; tombstones hidden; stop at end / limit.
         (engine.iterators.live_items, inlined: one generator layer less per entry.) Yields
-        None first, once the snapshot is taken (``scan`` consumes it)."""
+        None first, once the snapshot is taken (``_scan_of`` consumes it). With ``sequence``
+        the scan still opens its own memtable snapshot: it keeps the records replaced since
+        ``sequence`` for as long as the scan runs, even if the Snapshot that gave
+        ``sequence`` is closed meanwhile."""
         mem = rs.mem
         snapshot = mem.snapshot()
+        if sequence is not None:
+            snapshot = sequence
         try:
             yield None
             n = 0

@@ -210,6 +210,15 @@ class MemTable:
         if not self._snapshots:
             self._history = None
 
+    def record_at(self, key: bytes, snapshot: int):
+        """``key``'s record as of ``snapshot`` (a value from :meth:`snapshot`, still open), or
+        None if it had none here then."""
+        r = self._data.get(key)
+        if r is None or _tag_at(r)[0] >> 8 <= snapshot:
+            return r  # records only get newer: one <= snapshot now was the newest then
+        with self.lock:
+            return self._as_of(key, snapshot)
+
     def _as_of(self, key: bytes, snapshot: int):
         """``key``'s newest kept record with a sequence number <= ``snapshot``, or None.
         REQUIRES: self.lock held, a snapshot open."""
