@@ -401,7 +401,8 @@ class DB(Background, WriteStalls):
         None first, once the snapshot is taken (``_scan_of`` consumes it). With ``sequence``
         the scan still opens its own memtable snapshot: it keeps the records replaced since
         ``sequence`` for as long as the scan runs, even if the Snapshot that gave
-        ``sequence`` is closed meanwhile."""
+        ``sequence`` is closed meanwhile (the caller holds one until this one is taken:
+        ``Snapshot.scan``)."""
         mem = rs.mem
         snapshot = mem.snapshot()
         if sequence is not None:

@@ -48,8 +48,9 @@ answer for it). A DB applies records in sequence order (one writer at a time), s
 while recovery copied the last log, a read-only open replays that log and then its partial
 copy, so S is the largest number stored, not the last one applied (tests/
 test_review_session18.py). Once every snapshot is released, the next snapshot or the next
-write that replaces a record drops the history; a frozen memtable takes neither, and keeps
-its history until it is freed (after its flush, once no read state holds it). Kept records
+write that replaces a record drops the history; a frozen memtable takes no writes, so it
+keeps its history until a later snapshot of it (a snapshot's read) or until it is freed
+(after its flush, once no read state holds it). Kept records
 cost no memory the flush trigger does not see: ``approximate_bytes`` already counts every
 write, overwrites included (below).
 

@@ -38,8 +38,8 @@ from . import filenames
 from .errors import InvalidArgumentError, StorageIOError
 from .manifest import Manifest
 from .memtable import MemTable
-from .recovery import RecoveredState
-from .wal import decode_batch, read_log
+from .recovery import RecoveredState, new_records
+from .wal import read_log
 
 
 class _NoLock:
@@ -83,15 +83,15 @@ def _replay(fs, path: str, manifest: Manifest) -> tuple[MemTable, int, int]:
     mem = MemTable()
     last_seq = manifest.last_sequence
     replayed = 0
+    newest = 0
     for _number, log_path in manifest.logs_to_replay():
         result = read_log(fs, log_path)
-        for payload, offset in zip(result.records, result.offsets):
-            first_seq, ops = decode_batch(payload, path=log_path, offset=offset)
-            if not ops:
-                continue
+        # Without the writes an earlier log held (a crashed recovery's partial copy).
+        for first_seq, ops, _payload in new_records(result, log_path, newest):
             mem.add(first_seq, ops)
             replayed += len(ops)
-            last_seq = max(last_seq, first_seq + len(ops) - 1)
+            newest = first_seq + len(ops) - 1
+            last_seq = max(last_seq, newest)
     return mem, last_seq, replayed
 
 

@@ -16,11 +16,14 @@ flushed on time; once frozen it takes no more). Close snapshots you are done wit
 RocksDB's ReleaseSnapshot. A scan from a snapshot keeps reading right after the snapshot is
 closed (the scan holds what it needs itself).
 
-Thread-safe: one snapshot may be read by many threads. Reads after ``close()``, or after the
-DB is closed, raise ClosedError.
+Thread-safe: one snapshot may be read by many threads, and closed by any. Reads after
+``close()``, or after the DB is closed, raise ClosedError; a read that runs while another
+thread closes the snapshot either raises it or returns the snapshot's moment, never a mix.
 """
 
 from __future__ import annotations
+
+import threading
 
 from .errors import ClosedError, ResultTooLargeError
 from .format import KIND_DELETE
@@ -30,11 +33,12 @@ from .memtable import decode_record
 class Snapshot:
     """Reads at one moment; see the module docstring. Made by ``DB.snapshot()``."""
 
-    __slots__ = ("_db", "_rs", "sequence", "__weakref__")
+    __slots__ = ("_db", "_rs", "sequence", "_close_lock", "__weakref__")
 
     def __init__(self, db, rs):
         self._db = db
         self._rs = rs
+        self._close_lock = threading.Lock()
         # The largest sequence number in the active memtable then: its records <= this
         # number are what it held (engine/memtable.py, "Snapshots").
         self.sequence = rs.mem.snapshot()
@@ -54,18 +58,30 @@ class Snapshot:
             rs.mem.release()
 
     def close(self) -> None:
-        """Release what the snapshot holds (the module docstring). Idempotent."""
-        rs = self._rs
-        if rs is not None:
+        """Release what the snapshot holds (the module docstring). Idempotent, and once only
+        when threads close it at once. A read running meanwhile finishes at the snapshot's
+        moment (it holds the memtable itself: :meth:`_hold`)."""
+        with self._close_lock:
+            rs = self._rs
             self._rs = None
+        if rs is not None:
             rs.mem.release()
 
-    def _state(self):
+    def _hold(self):
+        """The read state, with one more memtable snapshot held for one read: release it
+        (``rs.mem.release()``) when the read is done. Holding it before checking that the
+        snapshot is still open means that a close() meanwhile cannot let the kept records go
+        while the read uses them: either the read sees the close and raises ClosedError, or
+        the records stay until the read releases its hold."""
         rs = self._rs
         if rs is None:
             raise ClosedError("snapshot is closed")
         if self._db._rs is None:
             raise ClosedError("DB is closed")
+        rs.mem.snapshot()
+        if self._rs is None:  # closed meanwhile: its kept records may be gone already
+            rs.mem.release()
+            raise ClosedError("snapshot is closed")
         return rs
 
     def _find(self, rs, key: bytes):
@@ -76,32 +92,42 @@ class Snapshot:
 
     def get(self, key: bytes) -> bytes | None:
         """``DB.get(key)`` as of the snapshot's moment."""
-        rs = self._state()
         key = self._db._check_key(key)
-        e = self._find(rs, key)
+        rs = self._hold()
+        try:
+            e = self._find(rs, key)
+        finally:
+            rs.mem.release()
         return None if e is None or e[1] == KIND_DELETE else e[2]
 
     def multi_get(self, keys, max_bytes: int | None = None) -> list:
         """``DB.multi_get(keys, max_bytes)`` as of the snapshot's moment."""
-        rs = self._state()
         check = self._db._check_key
         keys = [check(k) for k in keys]
         out = []
         budget = max_bytes
-        for key in keys:
-            e = self._find(rs, key)
-            v = None if e is None or e[1] == KIND_DELETE else e[2]
-            if v is not None and budget is not None:
-                budget -= len(v)
-                if budget < 0:
-                    raise ResultTooLargeError(
-                        f"the values found exceed {max_bytes} bytes by key {len(out) + 1} "
-                        f"({max_bytes - budget} bytes); ask for fewer keys at a time")
-            out.append(v)
+        rs = self._hold()
+        try:
+            for key in keys:
+                e = self._find(rs, key)
+                v = None if e is None or e[1] == KIND_DELETE else e[2]
+                if v is not None and budget is not None:
+                    budget -= len(v)
+                    if budget < 0:
+                        raise ResultTooLargeError(
+                            f"the values found exceed {max_bytes} bytes by key {len(out) + 1} "
+                            f"({max_bytes - budget} bytes); ask for fewer keys at a time")
+                out.append(v)
+        finally:
+            rs.mem.release()
         return out
 
     def scan(self, start: bytes | None = None, end: bytes | None = None,
              limit: int | None = None):
-        """``DB.scan(start, end, limit)`` as of the snapshot's moment."""
-        rs = self._state()
-        return self._db._scan_of(rs, start, end, limit, self.sequence)
+        """``DB.scan(start, end, limit)`` as of the snapshot's moment. The iterator holds the
+        memtable itself (``DB._scan``), so it reads on after the snapshot is closed."""
+        rs = self._hold()  # until the scan holds its own
+        try:
+            return self._db._scan_of(rs, start, end, limit, self.sequence)
+        finally:
+            rs.mem.release()

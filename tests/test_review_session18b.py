@@ -52,9 +52,9 @@ Checked and holds (plain tests below, or by reading):
   snapshots nor the tables they hold after compaction (RocksDB reports num-snapshots and
   oldest-snapshot-time).
 
-Findings (strict xfails; the interleavings are made exact with a per-thread ``sys.settrace``
-that holds one thread at a chosen line while another acts: the same switch the GIL may make
-there, without depending on timing):
+Findings (each fixed in session 18, and a strict xfail until then; the interleavings are
+made exact with a per-thread ``sys.settrace`` that holds one thread at a chosen line while
+another acts: the same switch the GIL may make there, without depending on timing):
 
 1. ``Snapshot.close`` is not safe against a second close at the same time: both threads read
    ``self._rs`` before either clears it, and both call ``rs.mem.release()``. The memtable's
@@ -169,9 +169,10 @@ class _HoldAt:
 # ---------------------------------------------------------------------------------------------
 # Findings
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Snapshot.close is not atomic: two threads closing one snapshot both release its memtable "
-    "snapshot, and another snapshot still open on that memtable loses its kept records"))
+# Fixed in session 18; was a strict xfail: "Snapshot.close is not atomic: two threads closing
+# one snapshot both release its memtable snapshot, and another snapshot still open on that
+# memtable loses its kept records". close() now takes and clears the read state under a lock;
+# the hold point moved from "self._rs = None" (now under that lock) to the release after it.
 def test_two_threads_closing_one_snapshot_release_it_once(tmp_path):
     keys = [b"k%02d" % i for i in range(20)]
     with DB.open(tmp_path / "db", table_workers=0) as db:
@@ -180,8 +181,8 @@ def test_two_threads_closing_one_snapshot_release_it_once(tmp_path):
         other = db.snapshot()  # used correctly elsewhere in the program
         snap = db.snapshot()
         try:
-            # Thread 1 has read snap._rs and stops before clearing it; thread 2 closes.
-            held = _HoldAt(Snapshot.close, "self._rs = None", snap.close).start()
+            # Thread 1 has taken snap._rs and stops before releasing it; thread 2 closes.
+            held = _HoldAt(Snapshot.close, "if rs is not None:", snap.close).start()
             closer = threading.Thread(target=snap.close)
             closer.start()
             closer.join(30)
@@ -194,9 +195,9 @@ def test_two_threads_closing_one_snapshot_release_it_once(tmp_path):
             other.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a scan that overlaps close() of its snapshot reads at the snapshot's sequence without "
-    "holding the kept records: keys overwritten since are silently missing"))
+# Fixed in session 18; was a strict xfail: "a scan that overlaps close() of its snapshot reads
+# at the snapshot's sequence without holding the kept records: keys overwritten since are
+# silently missing". Snapshot reads hold the memtable themselves (Snapshot._hold).
 def test_a_scan_overlapping_close_reads_the_moment_or_raises_closed(tmp_path):
     keys = [b"k%02d" % i for i in range(20)]
     with DB.open(tmp_path / "db", table_workers=0) as db:
@@ -214,9 +215,9 @@ def test_a_scan_overlapping_close_reads_the_moment_or_raises_closed(tmp_path):
             assert held.result == [(k, b"1") for k in keys]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a get that overlaps close() of its snapshot finds the kept records dropped: "
-    "AttributeError from MemTable._as_of (or an older value), not ClosedError"))
+# Fixed in session 18; was a strict xfail: "a get that overlaps close() of its snapshot finds
+# the kept records dropped: AttributeError from MemTable._as_of (or an older value), not
+# ClosedError".
 def test_a_get_overlapping_close_reads_the_moment_or_raises_closed(tmp_path):
     with DB.open(tmp_path / "db", table_workers=0) as db:
         db.put(b"k", b"1")
@@ -264,9 +265,10 @@ def _overwritten_at_the_end(tmp_path) -> int:
     return 11
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing: after a crash during recovery's copy of the last log, a read-only open "
-    "replays the prefix copy last and a key overwritten after the prefix reads its old value"))
+# Fixed in session 18; was a strict xfail: "pre-existing: after a crash during recovery's
+# copy of the last log, a read-only open replays the prefix copy last and a key overwritten
+# after the prefix reads its old value". Replay skips the writes an earlier log held
+# (engine/recovery.py, new_records).
 def test_a_read_only_open_after_a_crash_in_the_carried_log_copy_reads_the_last_write(tmp_path):
     d = _crash_inside_the_carried_log_copy(tmp_path, _overwritten_at_the_end(tmp_path))
     with DB.open(d, read_only=True) as ro:
@@ -274,10 +276,9 @@ def test_a_read_only_open_after_a_crash_in_the_carried_log_copy_reads_the_last_w
             assert (ro.get(b"k"), dict(ro.scan())[b"k"], snap.get(b"k")) == (b"new",) * 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pre-existing: after a crash during recovery's copy of the last log, a writable open "
-    "carries the prefix as its memtable over the whole log's L0 table: get returns the "
-    "overwritten value (scan the new one)"))
+# Fixed in session 18; was a strict xfail: "pre-existing: after a crash during recovery's
+# copy of the last log, a writable open carries the prefix as its memtable over the whole
+# log's L0 table: get returns the overwritten value (scan the new one)".
 def test_a_writable_open_after_a_crash_in_the_carried_log_copy_reads_the_last_write(tmp_path):
     d = _crash_inside_the_carried_log_copy(tmp_path, _overwritten_at_the_end(tmp_path))
     with DB.open(d, table_workers=0) as db:
