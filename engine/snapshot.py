@@ -98,6 +98,7 @@ class Snapshot:
             e = self._find(rs, key)
         finally:
             rs.mem.release()
+        self._db.gets += 1  # stats(): gets, and data blocks read per get, count these too
         return None if e is None or e[1] == KIND_DELETE else e[2]
 
     def multi_get(self, keys, max_bytes: int | None = None) -> list:
@@ -114,12 +115,14 @@ class Snapshot:
                 if v is not None and budget is not None:
                     budget -= len(v)
                     if budget < 0:
+                        self._db.gets += len(out) + 1
                         raise ResultTooLargeError(
                             f"the values found exceed {max_bytes} bytes by key {len(out) + 1} "
                             f"({max_bytes - budget} bytes); ask for fewer keys at a time")
                 out.append(v)
         finally:
             rs.mem.release()
+        self._db.gets += len(out)
         return out
 
     def scan(self, start: bytes | None = None, end: bytes | None = None,

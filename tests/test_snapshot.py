@@ -132,3 +132,13 @@ def test_a_snapshot_taken_while_batches_are_written_sees_one_batch(tmp_path):
             assert not bad, f"a snapshot saw more than one batch: {bad[0]}"
     finally:
         sys.setswitchinterval(old)
+
+
+def test_snapshot_reads_are_counted_as_gets(tmp_path):
+    with DB.open(tmp_path / "db", table_workers=0) as db:
+        db.put(b"a", b"1")
+        before = db.stats()["gets"]
+        with db.snapshot() as snap:
+            snap.get(b"a")
+            snap.multi_get([b"a", b"b", b"c"])
+        assert db.stats()["gets"] == before + 4
