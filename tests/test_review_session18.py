@@ -104,6 +104,46 @@ def _alive(mem_id: int) -> bool:
     return any(id(o) == mem_id for o in gc.get_objects() if type(o) is MemTable)
 
 
+def _random_batch(rng, keys, cur: dict, tag: bytes, most: int, deletes: float,
+                  longest: int) -> list:
+    """1 to ``most`` puts (values ``tag`` + up to ``longest`` bytes) and deletes (each key with
+    probability ``deletes``) of distinct ``keys``, applied to the model ``cur`` as well."""
+    batch = []
+    for k in rng.sample(keys, rng.randint(1, most)):
+        if rng.random() < deletes:
+            batch.append((k, None))
+            cur.pop(k, None)
+        else:
+            v = tag + b"x" * rng.randint(0, longest)
+            batch.append((k, v))
+            cur[k] = v
+    return batch
+
+
+def _crash_inside_the_carried_log_copy(tmp_path, n_records: int):
+    """A copy of ``tmp_path/'base'`` reopened with a crash that left the last log whole beside
+    a new log holding a proper prefix of its records (finding 1 below; also used by
+    tests/test_review_session18b.py)."""
+    base = tmp_path / "base"
+    for n in range(1, 300):
+        d = tmp_path / f"crash{n}"
+        shutil.copytree(base, d)
+        fs = FaultInjectionFS(seed=n)
+        fs.crash_after(n)
+        try:
+            DB.open(d, fs=fs, table_workers=0).close()
+        except InjectedCrash:
+            pass
+        else:
+            pytest.fail("the open never crashed inside the copy of the carried log")
+        fs.crash("keep")  # the process died; everything it wrote stays
+        logs = sorted(p for p in d.iterdir() if p.suffix == ".log")
+        if len(logs) == 2 and 0 < len(read_log(fs, str(logs[1])).records) < n_records:
+            return d
+        shutil.rmtree(d)
+    pytest.fail("no crash left a partial copy")
+
+
 # ---------------------------------------------------------------------------------------------
 # Findings (fixed in session 18)
 
@@ -118,25 +158,7 @@ def test_a_read_only_scan_after_a_crash_while_recovery_copied_the_last_log_sees_
     with DB.open(base, table_workers=0) as db:
         for k in keys:  # ten log records, left in the log (no flush) and carried at the next open
             db.put(k, b"v-" + k)
-    # Reopen with a crash at the n-th file operation, for growing n, until the crash falls
-    # inside the copy of the carried records: the old log whole, the new one a prefix of it.
-    for n in range(1, 200):
-        d = tmp_path / f"crash{n}"
-        shutil.copytree(base, d)
-        fs = FaultInjectionFS(seed=n)
-        fs.crash_after(n)
-        try:
-            DB.open(d, fs=fs, table_workers=0).close()
-        except InjectedCrash:
-            pass
-        else:
-            pytest.fail("the open never crashed inside the copy of the carried log")
-        fs.crash("keep")  # the process died; everything it wrote stays
-        logs = sorted(p for p in d.iterdir() if p.suffix == ".log")
-        if len(logs) == 2 and 0 < len(read_log(fs, str(logs[1])).records) < len(keys):
-            break
-    else:
-        pytest.fail("no crash left a partial copy")
+    d = _crash_inside_the_carried_log_copy(tmp_path, len(keys))
     with DB.open(d, read_only=True) as ro:
         assert [k for k in keys if ro.get(k) is not None] == keys
         assert [k for k, _v in ro.scan()] == keys
@@ -395,15 +417,8 @@ def test_scans_and_multi_gets_each_see_one_recorded_state(tmp_path):
                 for i in range(1, 601):
                     if stop.is_set():
                         break
-                    batch = []
-                    for k in rng.sample(keys, rng.randint(1, 30)):
-                        if rng.random() < 0.3:
-                            batch.append((k, None))
-                            cur.pop(k, None)
-                        else:
-                            v = b"%d-" % i + b"x" * rng.randint(0, 200)
-                            batch.append((k, v))
-                            cur[k] = v
+                    batch = _random_batch(rng, keys, cur, b"%d-" % i, most=30, deletes=0.3,
+                                          longest=200)
                     batch.append((ver, b"%d" % i))
                     states.append(dict(cur))  # recorded before a reader can see it
                     db.write(batch)

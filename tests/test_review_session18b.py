@@ -89,7 +89,6 @@ import gc
 import inspect
 import os
 import random
-import shutil
 import sys
 import threading
 
@@ -98,11 +97,11 @@ import pytest
 from engine import DB
 from engine.db import DB as _DB
 from engine.errors import ClosedError, InvalidArgumentError, ResultTooLargeError, StorageIOError
-from engine.faultfs import FaultInjectionFS, InjectedCrash
+from engine.faultfs import FaultInjectionFS
 from engine.snapshot import Snapshot
-from engine.wal import read_log
 
 from .conftest import wait_until
+from .test_review_session18 import _crash_inside_the_carried_log_copy, _random_batch
 
 
 def _open_snapshots(mem) -> int:
@@ -233,29 +232,6 @@ def test_a_get_overlapping_close_reads_the_moment_or_raises_closed(tmp_path):
             assert held.result == b"1"
 
 
-def _crash_inside_the_carried_log_copy(tmp_path, n_records: int):
-    """A copy of ``tmp_path/'base'`` reopened with a crash that left the last log whole beside
-    a new log holding a proper prefix of its records (what session 18's finding 1 built)."""
-    base = tmp_path / "base"
-    for n in range(1, 300):
-        d = tmp_path / f"crash{n}"
-        shutil.copytree(base, d)
-        fs = FaultInjectionFS(seed=n)
-        fs.crash_after(n)
-        try:
-            DB.open(d, fs=fs, table_workers=0).close()
-        except InjectedCrash:
-            pass
-        else:
-            pytest.fail("the open never crashed inside the copy of the carried log")
-        fs.crash("keep")  # the process died; everything it wrote stays
-        logs = sorted(p for p in d.iterdir() if p.suffix == ".log")
-        if len(logs) == 2 and 0 < len(read_log(fs, str(logs[1])).records) < n_records:
-            return d
-        shutil.rmtree(d)
-    pytest.fail("no crash left a partial copy")
-
-
 def _overwritten_at_the_end(tmp_path) -> int:
     with DB.open(tmp_path / "base", table_workers=0) as db:
         db.put(b"k", b"old")
@@ -311,15 +287,8 @@ def test_random_snapshots_read_their_moment_through_compactions_that_drop_tombst
         checked = 0
         try:
             for step in range(400):
-                batch = []
-                for k in rng.sample(keys, rng.randint(1, 12)):
-                    if rng.random() < 0.35:
-                        batch.append((k, None))
-                        cur.pop(k, None)
-                    else:
-                        v = b"%d-" % step + b"v" * rng.randint(0, 60)
-                        batch.append((k, v))
-                        cur[k] = v
+                batch = _random_batch(rng, keys, cur, b"%d-" % step, most=12, deletes=0.35,
+                                      longest=60)
                 db.write(batch)
                 r = rng.random()
                 if r < 0.08:
