@@ -33,7 +33,7 @@ from .memtable import decode_record
 class Snapshot:
     """Reads at one moment; see the module docstring. Made by ``DB.snapshot()``."""
 
-    __slots__ = ("_db", "_rs", "sequence", "_close_lock", "__weakref__")
+    __slots__ = ("_db", "_rs", "_seq", "_close_lock", "__weakref__")
 
     def __init__(self, db, rs):
         self._db = db
@@ -41,7 +41,7 @@ class Snapshot:
         self._close_lock = threading.Lock()
         # The largest sequence number in the active memtable then: its records <= this
         # number are what it held (engine/memtable.py, "Snapshots").
-        self.sequence = rs.mem.snapshot()
+        self._seq = rs.mem.snapshot()
 
     def __enter__(self) -> "Snapshot":
         return self
@@ -85,7 +85,7 @@ class Snapshot:
         return rs
 
     def _find(self, rs, key: bytes):
-        r = rs.mem.record_at(key, self.sequence)
+        r = rs.mem.record_at(key, self._seq)
         if r is not None:
             return decode_record(r)
         return rs.find_older(key)
@@ -131,6 +131,6 @@ class Snapshot:
         memtable itself (``DB._scan``), so it reads on after the snapshot is closed."""
         rs = self._hold()  # until the scan holds its own
         try:
-            return self._db._scan_of(rs, start, end, limit, self.sequence)
+            return self._db._scan_of(rs, start, end, limit, self._seq)
         finally:
             rs.mem.release()

@@ -46,9 +46,10 @@ Checked and holds (plain tests below, or by reading):
   (harmless: the Snapshot's own count keeps the history). Not pinned (speed): a read through
   an old snapshot of a key overwritten n times since walks the kept records newest first
   under the memtable lock, O(n) while writers wait (n is bounded by the memtable's size).
-  Notes: ``Snapshot.sequence`` is public but is the largest sequence number in the active
-  memtable then, not the DB's (0 for a snapshot taken right after a flush); snapshot reads
-  are not counted in ``stats()["gets"]`` (nor are scans). ``stats()`` shows neither the open
+  Notes: ``Snapshot.sequence`` was public but is the largest sequence number in the active
+  memtable then, not the DB's (0 for a snapshot taken right after a flush): now private
+  (``_seq``); snapshot reads were not counted in ``stats()["gets"]``: now they are (scans
+  are not). ``stats()`` shows neither the open
   snapshots nor the tables they hold after compaction (RocksDB reports num-snapshots and
   oldest-snapshot-time).
 
@@ -366,7 +367,7 @@ def test_a_snapshot_on_a_new_empty_memtable_hides_what_is_written_there(tmp_path
         db.write([(b"a", b"1"), (b"b", b"1")])
         db.flush()
         with db.snapshot() as snap:
-            assert snap.sequence == 0  # the new memtable's largest number (module notes)
+            assert snap._seq == 0  # the new memtable's largest number (module notes)
             db.write([(b"a", b"2"), (b"c", b"2")])
             db.delete(b"b")
             db.put(b"b", b"3")
