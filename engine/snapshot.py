@@ -37,11 +37,12 @@ class Snapshot:
 
     def __init__(self, db, rs):
         self._db = db
-        self._rs = rs
+        self._rs = None
         self._close_lock = threading.Lock()
         # The largest sequence number in the active memtable then: its records <= this
         # number are what it held (engine/memtable.py, "Snapshots").
         self._seq = rs.mem.snapshot()
+        self._rs = rs  # only once the memtable snapshot is held: close() releases it
 
     def __enter__(self) -> "Snapshot":
         return self
@@ -50,12 +51,11 @@ class Snapshot:
         self.close()
 
     def __del__(self):
-        # A snapshot dropped without close() gives back its memtable snapshot. release()
-        # takes no lock, so this is safe in a finalizer.
-        rs = getattr(self, "_rs", None)
-        if rs is not None:
-            self._rs = None
-            rs.mem.release()
+        # A snapshot dropped without close() gives back its memtable snapshot. Safe in a
+        # finalizer: release() takes no lock, and no one else can hold _close_lock (nothing
+        # else refers to this object any more).
+        if getattr(self, "_rs", None) is not None:
+            self.close()
 
     def close(self) -> None:
         """Release what the snapshot holds (the module docstring). Idempotent, and once only
