@@ -37,7 +37,7 @@ def _tables(tmp_path, cap, n_tables=3, n_keys=12000):
 
 def _partition_of(table, key):
     from bisect import bisect_left
-    return bisect_left(table._filter._keys, key)
+    return bisect_left(table._filter.separators, key)
 
 
 def test_cap_bounds_resident_partitions_and_answers_stay_right(tmp_path):

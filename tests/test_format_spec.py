@@ -405,6 +405,14 @@ class Table:
                 self.partitions.append((sep, off, size, crc, first_block, num_keys, filt))
                 pos = off + round_up(size)
             need(self.region + pos == self.meta_start, "filter region does not end at meta_start")
+            # Invariant 7: partitions cover the data blocks in runs from block 0, and each
+            # partition's separator is the index key of its last data block.
+            firsts = [x[4] for x in self.partitions]
+            ends = firsts[1:] + [len(self.index)]
+            need(bool(self.partitions) == bool(self.index) and firsts[:1] in ([], [0])
+                 and all(a < b for a, b in zip(firsts, ends)), "partitions do not cover the blocks")
+            need([x[0] for x in self.partitions] == [self.index[e - 1][0] for e in ends],
+                 "a partition's separator is not its last block's index key")
         else:
             need(self.meta_start == self.data_bytes, "meta_start != data_bytes without a filter")
 
@@ -1082,6 +1090,24 @@ def test_block_compression_reading_rule(tmp_path, codec, damage):
 def test_reader_checks_invariant_7_at_open(sample, name):
     path, t, data = sample
     assert not opens(path, bump_property(t, bytearray(data), name))
+
+
+def test_reader_checks_each_partition_separator_against_the_index(sample):
+    # Invariant 7: a partition's separator is the index key of its last data block. A get
+    # relies on it (it searches the index only over the blocks of the key's partition); a
+    # table that breaks it, with every CRC valid, answered "absent" for a present key until
+    # session 19 (a separator below the largest key put the largest key in no partition).
+    path, t, data = sample
+    off, size = t.handles[b"sievekv.filter_index"]
+    sep = t.partitions[0][0]
+    bad = bytearray(data)
+    at = bad.index(sep, off, off + size) + len(sep) - 1
+    bad[at] -= 1  # still above the previous separator: the order stays right
+    bad[off + size + 1:off + size + 5] = struct.pack("<I", masked_crc(bad[off:off + size + 1]))
+    with pytest.raises(SpecError, match="separator"):
+        Table(bytes(bad))
+    assert not opens(path, bytes(bad))
+    assert opens(path, data)
 
 
 def test_open_does_not_read_the_pad(sample):

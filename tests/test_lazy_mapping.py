@@ -87,7 +87,7 @@ def test_each_probe_makes_one_partition_resident(table_file):
         touched = set()
         for n in range(1, 41):
             k = rng.randbytes(16)
-            p = bisect_left(f._keys, k)
+            p = bisect_left(f.separators, k)
             t.may_match(k)
             touched.add(p)
             assert fs.counters.maps == 1
@@ -137,7 +137,7 @@ def test_release_partition_drops_exactly_its_pages_and_faults_again(table_file):
     f = t._filter
     try:
         a, b = keys[100], keys[2000]
-        pa, pb = bisect_left(f._keys, a), bisect_left(f._keys, b)
+        pa, pb = bisect_left(f.separators, a), bisect_left(f.separators, b)
         assert t.get(a) and t.get(b)
         assert rss(t) == 2 * PAGE
         assert t.release_partition(pa) == PAGE

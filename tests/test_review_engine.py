@@ -362,8 +362,8 @@ def test_filter_cap_with_concurrent_readers_and_compactions_has_no_false_negativ
             released = [p for p in range(f.num_partitions) if f._state[p] == VERIFIED]
             if released:
                 p = released[0]
-                lo = f._keys[p - 1] if p else b""
-                probe = next(k for k in keys if lo < k <= f._keys[p] and t.smallest <= k)
+                lo = f.separators[p - 1] if p else b""
+                probe = next(k for k in keys if lo < k <= f.separators[p] and t.smallest <= k)
                 assert db.get(probe) == probe
                 assert f._state[p] == RESIDENT
                 break

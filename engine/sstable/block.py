@@ -31,7 +31,11 @@ from .coding import get_varint as _varint
 _U32 = struct.Struct("<I")
 _u32_at = _U32.unpack_from
 _u16_at = struct.Struct("<H").unpack_from
-_hash = mmh3.hash
+# The slot hash: mmh3.hash(key, seed, signed=False) (what block_builder.py writes), without
+# the keyword argument (~17 ns less per call here).
+_uhash = mmh3.mmh3_32_uintdigest
+# The last 6 bytes of a block with a hash index: u16 slot count, u32 restart count | flag
+_hash_tail = struct.Struct("<HI").unpack_from
 _tag_at = ENTRY_TAG.unpack_from
 
 # The restart array is read in place as native u32s (a cast memoryview: no per-offset
@@ -331,20 +335,15 @@ def find_hashed(buf, start: int, end: int, target: bytes, path: str | None = Non
     caller reading a mapping that may be closed checks for that first.
     """
     try:
-        n = end - 4
-        if n - 2 < start:
-            raise ValueError
-        num = _u32_at(buf, n)[0] - BLOCK_HASH_FLAG
-        nb = _u16_at(buf, n - 2)[0]
-        hs = n - 2 - nb  # the slots
+        nb, num = _hash_tail(buf, end - 6)  # slot count, restart count | BLOCK_HASH_FLAG
+        num -= BLOCK_HASH_FLAG
+        hs = end - 6 - nb  # the slots
         limit = hs - 4 * num
         if num < 1 or nb <= num or limit <= start:
             raise ValueError
-        s = _hash(target, BLOCK_HASH_SEED, signed=False) % nb
-        for _ in range(nb):  # a writer leaves a slot empty; damage may not (then: error)
-            r = buf[hs + s]
-            if not r:
-                return None
+        s = first = _uhash(target, BLOCK_HASH_SEED) % nb
+        r = buf[hs + s]
+        while r:  # a writer leaves a slot empty; damage may not (then: error, below)
             if r > num:
                 raise ValueError
             p = start + _u32_at(buf, limit + 4 * r - 4)[0]
@@ -370,7 +369,10 @@ def find_hashed(buf, start: int, end: int, target: bytes, path: str | None = Non
             s += 1
             if s == nb:
                 s = 0
-        raise ValueError  # every slot full: not what a writer makes
+            if s == first:
+                raise ValueError  # every slot full: not what a writer makes
+            r = buf[hs + s]
+        return None
     except (IndexError, ValueError, struct.error):
         raise CorruptionError("block: bad hash index or entry", path=path,
                               offset=offset) from None

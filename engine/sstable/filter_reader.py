@@ -55,8 +55,9 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
     ``(separators, offsets, sizes, crcs, first_blocks, num_keys)``.
 
     Checks the placement invariants: partitions start on page boundaries, lie back to back from
-    region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0.
-    Raises CorruptionError naming the file and the block's offset otherwise.
+    region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0
+    (at least one when there are data blocks). The separators are checked against the index
+    by the table (engine/sstable/reader.py). Raises CorruptionError naming the file and the block's offset otherwise.
     """
     data = block.data
     entries = block.whole_entries()
@@ -83,6 +84,8 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
             nkeys.append(n)
         if expect != region_size:
             raise ValueError(f"partitions end at {expect}, region size is {region_size}")
+        if num_data_blocks and not firsts:
+            raise ValueError("no partition covers the data blocks")
         if not all(map(operator.lt, keys, keys[1:])):
             raise ValueError("filter index keys out of order")
     except ValueError as exc:
@@ -135,9 +138,12 @@ class PartitionedFilter:
 
     def __init__(self, file: RandomAccessFile, index: Block, region_offset: int,
                  region_size: int, policy, num_data_blocks: int, owner=None, residency=None):
-        (self._keys, self._offsets, self._sizes, self._crcs, self.first_blocks,
+        (self.separators, self._offsets, self._sizes, self._crcs, self.first_blocks,
          self.num_keys) = decode_filter_index(index, region_size, num_data_blocks)
-        self._n = n = len(self._keys)
+        self._n = n = len(self.separators)
+        # Per partition, one past its last data block: partition p covers the data blocks
+        # [first_blocks[p], block_ends[p]) (its separator is block_ends[p] - 1's index key).
+        self.block_ends = self.first_blocks[1:] + [num_data_blocks] if n else []
         self._file = file
         self.region_offset = region_offset
         self.region_size = region_size
@@ -188,9 +194,22 @@ class PartitionedFilter:
         """False only if ``key`` is certainly not in the table; True if the filter says it may
         be; :data:`UNCHECKED` (truthy) if no filter could answer. Hot path: no lock, no I/O
         once the partition is resident."""
-        p = bisect_left(self._keys, key)
+        p = bisect_left(self.separators, key)
         if p == self._n:
             return False  # above the table's largest key
+        self.ref[p] = 1
+        if self._state[p] == RESIDENT:
+            if self._match(self._views[p], key):
+                self.positives += 1
+                return True
+            self.negatives += 1
+            return False
+        return self._probe_slow(p, key)
+
+    def may_match_partition(self, p: int, key: bytes) -> bool | int:
+        """:meth:`may_match` for a ``key`` whose partition ``p`` the caller found:
+        ``bisect_left(separators, key)``, below :attr:`num_partitions` (Table.get, which
+        then searches the index only over that partition's blocks). Same answers, same counts."""
         self.ref[p] = 1
         if self._state[p] == RESIDENT:
             if self._match(self._views[p], key):

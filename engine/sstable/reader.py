@@ -85,6 +85,7 @@ from .properties import decode_properties
 _tag_at = ENTRY_TAG.unpack_from
 _u32_at = struct.Struct("<I").unpack_from
 _DATA_TYPE_BYTE = bytes((BLOCK_TYPE_DATA,))
+_HASH_FLAG_TOP = BLOCK_HASH_FLAG >> 24  # the flag in the top byte of the restart count
 # engine/checksum.py's CRC32C (google-crc32c) without its type checks: contents are bytes here.
 _crc_value = google_crc32c.value
 _crc_extend = google_crc32c.extend
@@ -222,11 +223,17 @@ class Table:
                 file, meta_block(fi, BLOCK_TYPE_FILTER_INDEX), region_offset,
                 props.filter_bytes, _filter_decoder(props.filter_policy, props.filter_params),
                 n, owner=self, residency=residency)
-        # Invariant 7: the properties' partition count agrees with the filter index.
+        # Invariant 7: the properties' partition count agrees with the filter index, and each
+        # partition's separator is the index key of its last data block (Table.get relies on
+        # it: it searches the index only over the blocks of the key's partition).
         if (self._filter.num_partitions if self._filter is not None else 0) \
                 != props.num_filter_partitions:
             raise CorruptionError("filter index disagrees with the properties", path=path,
                                   offset=fi.offset if fi is not None else start)
+        if self._filter is not None and self._filter.separators != [
+                keys[e - 1] for e in self._filter.block_ends]:
+            raise CorruptionError("filter index separators disagree with the index", path=path,
+                                  offset=fi.offset)
 
     @classmethod
     def open(cls, fs: FileSystem, path: str, *, file_number: int = 0, block_cache=None,
@@ -260,16 +267,26 @@ class Table:
         """
         if key > self.largest or key < self.smallest:
             return None
+        # The one data block that may hold key: the first whose index key (its last key) is
+        # >= key. In memory, so finding it reads nothing; it also names the filter partition
+        # to probe (may_match_block: no second bisect over the partition keys).
         f = self._filter
-        if f is not None:
-            m = f.may_match(key)
+        if f is None:
+            i = bisect_left(self._index_keys, key)
+            if i == self._nblocks:  # an empty table (the last index key is the largest key)
+                return None
+        else:
+            # The key's filter partition (p < partitions: the last separator is the largest
+            # key); on "may match", the one data block that can hold the key is among the
+            # partition's blocks (each separator is its last block's index key, checked at
+            # open), so the index is searched over those only.
+            p = bisect_left(f.separators, key)
+            m = f.may_match_partition(p, key)
             if not m:
                 return None
+            i = bisect_left(self._index_keys, key, f.first_blocks[p], f.block_ends[p])
             if m is not True:  # no filter answered (UNCHECKED): not a positive, so no true one
                 f = None
-        i = bisect_left(self._index_keys, key)
-        if i == self._nblocks:
-            return None
         self.data_blocks_read += 1
         m = self._data_map
         if m is None and self._mapped and self._map_data():  # the table's first mapped get
@@ -334,7 +351,9 @@ class Table:
                     r = find_whole(data, key, self.path, off)
                 else:
                     self.data_block_file_reads += 1
-                    if n >= 4 and _u32_at(data, n - 4)[0] > BLOCK_HASH_FLAG:
+                    # The restart count's top byte (a u32 at n - 4): its top bit flags a
+                    # hash index (find_hashed checks the rest).
+                    if n >= 4 and data[n - 1] & _HASH_FLAG_TOP:
                         # The hash index answers, on the contents inside data (no second
                         # copy to drop the type byte).
                         if not self._verify_every_read:
