@@ -263,13 +263,11 @@ class Table:
 
         Probes the filter before any data block; on a filter negative reads nothing. The hot
         path of every present-key read: the cache lookup and the value decode are inlined, and
-        tables written with restart interval 1 search their block with ``Block.get_whole``.
+        tables written with restart interval 1 search their block with ``find_hashed`` (or
+        ``find_whole`` where a block has no hash index).
         """
         if key > self.largest or key < self.smallest:
             return None
-        # The one data block that may hold key: the first whose index key (its last key) is
-        # >= key. In memory, so finding it reads nothing; it also names the filter partition
-        # to probe (may_match_block: no second bisect over the partition keys).
         f = self._filter
         if f is None:
             i = bisect_left(self._index_keys, key)
