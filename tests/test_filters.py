@@ -379,6 +379,36 @@ def test_length_check_guards_the_reference_decoder(name):
     assert all(other.may_match(data, k) for k in absent)
 
 
+def test_blocked_distinct_check_sees_a_repeat_at_every_pair_of_candidates():
+    """The fast probe's distinctness test (pairwise comparisons at k=6 since session 19, a set
+    before) must catch a repeat between any two of the first six candidates: for one key per
+    pair (i, j), clearing the bit of the key's sixth distinct position must turn the answer
+    to "absent", as the reference says."""
+    p = get_policy("blocked-bloom", 10)
+    lines = 8
+
+    def first_six(key):
+        return [w & 511 for w in struct.unpack("<6H", mmh3.mmh3_x64_128_digest(key)[4:])]
+
+    by_pair = {}
+    for k in rand_keys(60000, 31):
+        c = first_six(k)
+        if blocked_bloom.probe_positions(k, lines, 6)[0] == lines - 1:
+            continue
+        pairs = [(i, j) for i in range(6) for j in range(i + 1, 6) if c[i] == c[j]]
+        if len(pairs) == 1:
+            by_pair.setdefault(pairs[0], k)
+    assert len(by_pair) == 15
+    for pair, key in sorted(by_pair.items()):
+        line, positions = blocked_bloom.probe_positions(key, lines, 6)
+        data = bytearray(p.build([key], size_bytes=64 * lines))
+        assert p.may_match(data, key) is True, pair
+        q = positions[-1]
+        data[line * 64 + (q >> 3)] &= ~(1 << (q & 7))
+        assert p.may_match(data, key) is False, pair
+        assert blocked_bloom.probe_reference(data, key) is False
+
+
 def test_blocked_repeated_candidates_take_the_next_distinct_bit():
     """A key whose first k candidate words repeat a bit uses the next candidates; the fast
     probe (which tests the first k) must then defer to the reference, both ways."""
