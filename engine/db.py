@@ -163,6 +163,9 @@ class DB(Background, WriteStalls):
         self._pending_outputs: set[int] = set()
         self.counters = reports.Counters()
         self.gets = 0
+        # Open DB.snapshot()s: token -> time.monotonic() when taken (engine/snapshot.py),
+        # for stats()["snapshots"]
+        self._open_snapshots: dict[int, float] = {}
         self._writes = self._write_groups = self._synced_groups = 0
         self._memtable_bytes = opts.memtable_bytes
         # L0 count at which _commit must look at stalls (never, without auto compaction).

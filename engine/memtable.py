@@ -211,6 +211,16 @@ class MemTable:
         if not self._snapshots:
             self._history = None
 
+    def snapshot_stats(self) -> tuple[int, int]:
+        """``(open snapshots, replaced records kept for them)``, for ``DB.stats()``. Takes the
+        lock; O(keys with kept records)."""
+        with self.lock:
+            if self._released:
+                self._count_releases()
+            history = self._history
+            kept = sum(map(len, history.values())) if history else 0
+            return self._snapshots, kept
+
     def record_at(self, key: bytes, snapshot: int):
         """``key``'s record as of ``snapshot`` (a value from :meth:`snapshot`, still open), or
         None if it had none here then."""

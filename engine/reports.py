@@ -150,6 +150,25 @@ def _counters_snapshot(c) -> dict:
             for f in fields(c) for v in (getattr(c, f.name),)}
 
 
+def _snapshots(db, rs) -> dict:
+    """What open snapshots and older reads hold (RocksDB: num-snapshots, oldest-snapshot-time):
+    a snapshot left open keeps tables on disk and replaced records in memory."""
+    born = list(db._open_snapshots.values())  # one C call: atomic against open and close
+    holds, kept = rs.mem.snapshot_stats()
+    held = db._tables.held_beyond(rs.numbers)
+    return {
+        "open": len(born),  # DB.snapshot()s not yet closed
+        "oldest_age_seconds": round(time.monotonic() - min(born), 3) if born else None,
+        # snapshots of the active memtable: open DB.snapshot()s taken while it was active,
+        # and scans not yet finished, closed or dropped
+        "memtable_holds": holds,
+        "kept_records": kept,  # records writes replaced in it, kept for those (in its bytes)
+        # tables compacted away that older reads keep open (files deleted when released)
+        "held_tables": len(held),
+        "held_table_bytes": sum(t.file_size for t in held),
+    }
+
+
 def stats(db) -> dict:
     rs = db._rs
     if rs is None:
@@ -226,6 +245,7 @@ def stats(db) -> dict:
                   "verify_every_read": db.options.verify_every_read,
                   "mapped_tables": sum(1 for t in live if getattr(t, "_data_map", None)),
                   "map_failures": map_failures},
+        "snapshots": _snapshots(db, rs),
         "gets": gets,
         "data_blocks_read": blocks,
         "data_blocks_read_per_get": (blocks / gets) if gets else None,

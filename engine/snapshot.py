@@ -23,17 +23,22 @@ thread closes the snapshot either raises it or returns the snapshot's moment, ne
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 
 from .errors import ClosedError, ResultTooLargeError
 from .format import KIND_DELETE
 from .memtable import decode_record
 
 
+_tokens = itertools.count(1)  # names each snapshot in its DB's _open_snapshots
+
+
 class Snapshot:
     """Reads at one moment; see the module docstring. Made by ``DB.snapshot()``."""
 
-    __slots__ = ("_db", "_rs", "_seq", "_close_lock", "__weakref__")
+    __slots__ = ("_db", "_rs", "_seq", "_close_lock", "_token", "__weakref__")
 
     def __init__(self, db, rs):
         self._db = db
@@ -43,6 +48,10 @@ class Snapshot:
         # number are what it held (engine/memtable.py, "Snapshots").
         self._seq = rs.mem.snapshot()
         self._rs = rs  # only once the memtable snapshot is held: close() releases it
+        # Listed for DB.stats() ("snapshots") until closed: one dict store and one pop, each
+        # atomic under the GIL, so close() stays lock-free enough for a finalizer.
+        self._token = next(_tokens)
+        db._open_snapshots[self._token] = time.monotonic()
 
     def __enter__(self) -> "Snapshot":
         return self
@@ -65,6 +74,7 @@ class Snapshot:
             rs = self._rs
             self._rs = None
         if rs is not None:
+            self._db._open_snapshots.pop(self._token, None)
             rs.mem.release()
 
     def _hold(self):

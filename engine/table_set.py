@@ -215,6 +215,14 @@ class TableSet:
         finally:
             self._headroom.closed()
 
+    def held_beyond(self, numbers) -> list:
+        """The open tables that some read state still references but ``numbers`` (the
+        current read state's tables) does not list: tables compacted away that older reads
+        (snapshots, scans, gets in flight) keep open, their files deleted or not yet."""
+        live = set(numbers)
+        with self._lock:
+            return [t for n, t in self._tables.items() if n not in live and self._refs.get(n)]
+
     def open_tables(self) -> dict[int, object]:
         """A copy of {file number: table} for the tables open now."""
         with self._lock:

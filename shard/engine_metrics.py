@@ -95,6 +95,13 @@ _STATS_GAUGES = (
     (("memtable", "bytes"), "sievekv_engine_memtable_bytes", "Bytes in the active memtable"),
     (("write_stall", "delayed_write_rate"), "sievekv_engine_delayed_write_rate_bytes",
      "Bytes/s writes are held to while L0 is at its slowdown trigger (adapted, kept between slowdowns)"),
+    (("snapshots", "open"), "sievekv_engine_snapshots_open", "engine.DB snapshots not yet closed"),
+    (("snapshots", "oldest_age_seconds"), "sievekv_engine_oldest_snapshot_age_seconds",
+     "Age of the oldest open snapshot (absent while none is open)"),
+    (("snapshots", "memtable_holds"), "sievekv_engine_memtable_holds",
+     "Scans and snapshots reading the active memtable as of their start"),
+    (("snapshots", "held_table_bytes"), "sievekv_engine_held_table_bytes",
+     "Bytes of tables compacted away that older reads (snapshots, scans) keep open and on disk"),
 )
 
 

@@ -129,6 +129,11 @@ NOT_SUMMED = frozenset({
 })
 
 
+MAXED = frozenset({
+    "oldest_age_seconds",  # the cluster's oldest snapshot: the largest of the shards' ages
+})
+
+
 def _ratio(leaf: str, num: float, den: float) -> float:
     return 8 * num / den if leaf == "effective_bits_per_key" else num / den
 
@@ -136,8 +141,8 @@ def _ratio(leaf: str, num: float, den: float) -> float:
 def sum_totals(parts) -> dict[str, float]:
     """The cluster's totals from shards' flattened reports (:func:`flatten_numbers` dicts):
     amounts summed, ratios recomputed from the summed amounts (a ratio with a zero or missing
-    denominator is left out, as the engine reports None), identifiers and per-shard figures
-    kept where all shards agree and left out where they differ.
+    denominator is left out, as the engine reports None), ages (MAXED) the largest, identifiers
+    and per-shard figures kept where all shards agree and left out where they differ.
 
     >>> t = sum_totals([{"t.false_positives": 1, "t.negatives": 9, "t.observed_fpr": 0.1,
     ...                  "levels.1.level": 1, "log.number": 7},
@@ -158,6 +163,8 @@ def sum_totals(parts) -> dict[str, float]:
             elif leaf in NOT_SUMMED:
                 value = float(value)
                 same[key] = value if same.get(key, value) == value else None
+            elif leaf in MAXED:
+                sums[key] = max(sums.get(key, float(value)), float(value))
             else:
                 sums[key] = sums.get(key, 0.0) + float(value)
     out = dict(sums)
