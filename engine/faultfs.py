@@ -26,7 +26,8 @@ process had died there, until :meth:`crash` "reboots". Files opened before a cra
 refuse all use afterwards.
 
 Not modelled: directories' own durability (a created directory always survives), reordering of
-unsynced writes within a file, hard links. Thread safe: one lock serialises all bookkeeping and
+unsynced writes within a file, hard links. ``WritableFile.start_writeback`` (advice to the OS to
+write early) reaches the real file and changes nothing here: only ``sync`` makes bytes durable. Thread safe: one lock serialises all bookkeeping and
 the I/O done under it. Meant for tests; slower than FileSystem.
 """
 

@@ -13,6 +13,12 @@ from ..vfs import WritableFile
 from .record import _extend, _pack_prefix, _value
 
 _pack_header = LOG_HEADER.pack
+WRITEBACK_BYTES = 1 << 20
+"""Every this many bytes appended, the writer asks the OS to start writing them to the disk
+(``WritableFile.start_writeback``), so that the fsync when the log ends (a memtable switch,
+which a writer waits for) or a synced write has at most about this much left to write: with
+unsynced writes at the defaults that fsync took 4-13 ms, and up to ~100 ms, at every switch
+(bench/results/db.md "Session 19"). Advice only: no durability rule depends on it."""
 _U32 = 0xFFFFFFFF
 
 
@@ -41,11 +47,12 @@ class LogWriter:
     Cost: O(len(payload)) for the checksum plus one ``write`` system call per record.
     """
 
-    __slots__ = ("_file", "_failed")
+    __slots__ = ("_file", "_failed", "_written_back")
 
     def __init__(self, wfile: WritableFile):
         self._file = wfile
         self._failed: BaseException | None = None
+        self._written_back = wfile.size  # writeback asked for up to here (WRITEBACK_BYTES)
 
     @property
     def size(self) -> int:
@@ -77,11 +84,15 @@ class LogWriter:
             payload = bytes(payload)
         crc = _extend(_value(_pack_prefix(self._file.size, n, LOG_RECORD_FULL)), payload)  # record_crc
         masked = ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+        f = self._file
         try:
-            self._file.append(_pack_header(masked, n, LOG_RECORD_FULL) + payload)
+            f.append(_pack_header(masked, n, LOG_RECORD_FULL) + payload)
         except BaseException as exc:
             self._failed = exc
             raise
+        if f.size - self._written_back >= WRITEBACK_BYTES:
+            f.start_writeback(self._written_back, f.size - self._written_back)
+            self._written_back = f.size
 
     def add_closed_marker(self) -> None:
         """Append the CLOSED record (docs/format.md, "Record"): nothing follows it, and once
