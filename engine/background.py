@@ -589,6 +589,8 @@ class Background:
                                               [f.number for f in result.outputs], opened)
             with self._mu:
                 self._version = new_version
+                if not task.trivial_move:  # for stats()["snapshots"]: held only by old reads
+                    self._tables.mark_obsolete([f.number for f in task.all_inputs])
                 self._births.compacted(task, result.outputs, time.monotonic())
                 self._publish()
                 self.counters.note_compaction(task, result, time.perf_counter() - t0)

@@ -155,7 +155,7 @@ def _snapshots(db, rs) -> dict:
     a snapshot left open keeps tables on disk and replaced records in memory."""
     born = list(db._open_snapshots.values())  # one C call: atomic against open and close
     holds, kept = rs.mem.snapshot_stats()
-    held = db._tables.held_beyond(rs.numbers)
+    held = db._tables.held_obsolete()
     return {
         "open": len(born),  # DB.snapshot()s not yet closed
         "oldest_age_seconds": round(time.monotonic() - min(born), 3) if born else None,

@@ -66,6 +66,7 @@ class TableSet:
         self._lock = threading.Lock()
         self._tables: dict[int, object] = {}
         self._refs: dict[int, int] = {}
+        self._obsolete: set[int] = set()  # open, but no longer in the version (mark_obsolete)
         self._closed = False
         self.retired = {k: 0 for k in _RETIRED_KEYS}
         self._headroom = Headroom(raise_open_file_limit)
@@ -177,6 +178,7 @@ class TableSet:
                     refs[n] = left
                     continue
                 refs.pop(n, None)
+                self._obsolete.discard(n)
                 t = self._tables.pop(n, None)
                 if t is not None:
                     self._retire_locked(t)
@@ -215,13 +217,17 @@ class TableSet:
         finally:
             self._headroom.closed()
 
-    def held_beyond(self, numbers) -> list:
-        """The open tables that some read state still references but ``numbers`` (the
-        current read state's tables) does not list: tables compacted away that older reads
-        (snapshots, scans, gets in flight) keep open, their files deleted or not yet."""
-        live = set(numbers)
+    def mark_obsolete(self, numbers) -> None:
+        """Tables ``numbers`` left the DB's version (a compaction's inputs): from now on they
+        stay open only for older reads, and :meth:`held_obsolete` lists them until then."""
         with self._lock:
-            return [t for n, t in self._tables.items() if n not in live and self._refs.get(n)]
+            self._obsolete.update(n for n in numbers if n in self._tables)
+
+    def held_obsolete(self) -> list:
+        """The tables compacted away that older reads (snapshots, scans, gets in flight)
+        still keep open, their files already deleted or about to be."""
+        with self._lock:
+            return [self._tables[n] for n in self._obsolete]
 
     def open_tables(self) -> dict[int, object]:
         """A copy of {file number: table} for the tables open now."""
@@ -237,6 +243,7 @@ class TableSet:
                 self._retire_locked(t)
             self._tables.clear()
             self._refs.clear()
+            self._obsolete.clear()
         for t in tables:
             self._close_table(t)
         releaser = self._releaser

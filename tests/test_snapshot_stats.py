@@ -92,7 +92,7 @@ def test_tables_compacted_away_under_a_snapshot_are_counted_until_it_closes(tmp_
         wait_until(lambda: _snaps(db)["held_tables"] == 1, "only the snapshot's table held",
                    timeout=30)
         s = _snaps(db)
-        held = db._tables.held_beyond(db._rs.numbers)
+        held = db._tables.held_obsolete()
         assert held[0].file_number == first_table
         assert s["held_table_bytes"] == held[0].file_size > 0, s
         assert snap.get(b"k0001") == b"v" * 100

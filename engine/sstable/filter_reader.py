@@ -55,9 +55,9 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
     ``(separators, offsets, sizes, crcs, first_blocks, num_keys)``.
 
     Checks the placement invariants: partitions start on page boundaries, lie back to back from
-    region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0
-    (at least one when there are data blocks). The separators are checked against the index
-    by the table (engine/sstable/reader.py). Raises CorruptionError naming the file and the block's offset otherwise.
+    region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0;
+    there is at least one (a table without data blocks has no filter index). The separators
+    are checked against the index by the table (engine/sstable/reader.py). Raises CorruptionError naming the file and the block's offset otherwise.
     """
     data = block.data
     entries = block.whole_entries()
@@ -84,8 +84,8 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
             nkeys.append(n)
         if expect != region_size:
             raise ValueError(f"partitions end at {expect}, region size is {region_size}")
-        if num_data_blocks and not firsts:
-            raise ValueError("no partition covers the data blocks")
+        if not firsts:  # an empty table has no filter index (docs/format.md)
+            raise ValueError("a filter index without partitions")
         if not all(map(operator.lt, keys, keys[1:])):
             raise ValueError("filter index keys out of order")
     except ValueError as exc:

@@ -153,14 +153,15 @@ def cmd_stats(args) -> int:
 def held_by_reads(s: dict) -> str:
     """The line of a shard whose older reads keep tables that compactions replaced (open and
     on disk), or "": ``2 tables (64.0 MiB) compacted away still held by older reads (scans,
-    snapshots; the oldest snapshot open 1h 2m)``. A Scan stream its client stops reading
+    snapshots; the oldest snapshot open 1h02m)``. A Scan stream its client stops reading
     holds them until its deadline."""
     snaps = s.get("snapshots") or {}
     n = snaps.get("held_tables")
     if not n:
         return ""
     age = snaps.get("oldest_age_seconds")
-    oldest = f"; the oldest snapshot open {format_duration(math.ceil(age))}" if age else ""
+    oldest = (f"; the oldest snapshot open {format_duration(math.ceil(age))}"
+              if age is not None else "")
     return (f"{format_count(n)} table{'s' if n != 1 else ''} "
             f"({format_bytes(snaps.get('held_table_bytes'))}) compacted away still held by "
             f"older reads (scans, snapshots{oldest})")
