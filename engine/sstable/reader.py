@@ -6,7 +6,9 @@ metaindex: two ``pread`` calls), verifies their checksums and keeps the index an
 index in memory as plain lists. It neither reads nor maps the filter region.
 
 ``get`` checks the key range, then probes the key's filter partition (mapping the region on the
-first probe), and only on "may match" reads one data block. How it reads the block:
+first probe), and only on "may match" finds the key's data block, searching the index over that
+partition's blocks only (docs/format.md invariant 7, checked at open), and reads it. How it
+reads the block:
 
 * ``mmap_reads=True`` (the DB's default, LevelDB's choice on 64-bit hosts): the data blocks
   are mapped read-only (``MADV_RANDOM``) on the first get that needs one: no system call, and
