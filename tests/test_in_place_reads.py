@@ -13,6 +13,7 @@ import mmap
 import os
 import random
 import struct
+from bisect import bisect_left
 
 import pytest
 
@@ -167,6 +168,40 @@ def test_damage_after_the_first_read_is_caught_per_read_or_at_reopen(tmp_path,
         t.close()
     t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=False)
     try:  # a reopened table checks the block again on its first read
+        with pytest.raises(CorruptionError):
+            t.get(entries[i][0])
+    finally:
+        t.close()
+
+
+def test_every_read_checks_the_bytes_against_the_checksum_first_read(tmp_path):
+    """Since session 19 a mapped get with verify_every_read compares its copy's CRC with the
+    one the block's trailer held at the block's first checked read (``Table._crc_of``),
+    instead of reading and unmasking the trailer again: the bytes are still checked on every
+    read. Damage to the contents is caught at once; damage to the trailer alone, after that
+    first read, changes no answer (the contents are intact) and is caught by a reopened table."""
+    path = str(tmp_path / "t.sst")
+    entries = _table(path, deletes=False)
+    i = next(j for j, e in enumerate(entries) if len(e[3]) > 8)
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=True)
+    try:
+        for _ in range(2):
+            assert t.get(entries[i][0]) == entries[i][1:]
+        block = bisect_left(t._index_keys, entries[i][0])
+        assert t._crc_of[block] >= 0 and list(t._crc_of).count(-1) == len(t._crc_of) - 1
+        end = t._offsets[block] + t._sizes[block]
+        _flip(path, end + 2)  # a byte of the trailer's stored CRC
+        assert t.get(entries[i][0]) == entries[i][1:]
+        at = _value_byte_of(path, entries, i) + 3
+        _flip(path, at)  # and now the contents
+        with pytest.raises(CorruptionError):
+            t.get(entries[i][0])
+        _flip(path, at)  # contents back: right again
+        assert t.get(entries[i][0]) == entries[i][1:]
+    finally:
+        t.close()
+    t = Table.open(FileSystem(), path, mmap_reads=True, verify_every_read=True)
+    try:  # the damaged trailer: caught at the reopened table's first read of the block
         with pytest.raises(CorruptionError):
             t.get(entries[i][0])
     finally:
