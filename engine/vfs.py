@@ -89,7 +89,10 @@ class WritableFile:
         little left to write. Advice only: nothing is durable until ``sync`` returns, and a
         failure is ignored. Linux starts the writeback on ``POSIX_FADV_DONTNEED`` (and drops
         the range's pages from the page cache once clean: written-ahead data is not read
-        back)."""
+        back). One cost: if that writeback fails (a disk error), Linux marks the pages clean
+        anyway, and dropping them loses bytes a process restart could otherwise still have
+        read from the page cache; the kernel may evict clean pages at any time, so no
+        guarantee changes, and the fsync that follows reports the error."""
         if _FADV_DONTNEED is None:
             return
         try:
