@@ -157,7 +157,7 @@ def fault_around(path: str) -> list[tuple[str, str, int, int]]:
         t = Table.open(FileSystem(), path)
         f = t._filter
         for i, p in enumerate(spread(f.num_partitions)):  # one-page partitions
-            t.may_match(f._keys[p])
+            t.may_match(f.separators[p])
             if i == 0:
                 one = rss_of(t)
         rows.append(("warm", "Table (RANDOM + trim)", one // PAGE, rss_of(t) // PAGE))

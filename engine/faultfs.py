@@ -27,8 +27,9 @@ refuse all use afterwards.
 
 Not modelled: directories' own durability (a created directory always survives), reordering of
 unsynced writes within a file, hard links. ``WritableFile.start_writeback`` (advice to the OS to
-write early) reaches the real file and changes nothing here: only ``sync`` makes bytes durable. Thread safe: one lock serialises all bookkeeping and
-the I/O done under it. Meant for tests; slower than FileSystem.
+write early) reaches the real file and changes nothing here: only ``sync`` makes bytes durable.
+Thread safe: one lock serialises all bookkeeping and the I/O done under it. Meant for tests;
+slower than FileSystem.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ def decode_filter_index(block: Block, region_size: int, num_data_blocks: int):
     Checks the placement invariants: partitions start on page boundaries, lie back to back from
     region offset 0, fill the region exactly, and cover increasing runs of data blocks from 0;
     there is at least one (a table without data blocks has no filter index). The separators
-    are checked against the index by the table (engine/sstable/reader.py). Raises CorruptionError naming the file and the block's offset otherwise.
+    are checked against the index by the table (engine/sstable/reader.py). Raises
+    CorruptionError naming the file and the block's offset otherwise.
     """
     data = block.data
     entries = block.whole_entries()
@@ -143,7 +144,7 @@ class PartitionedFilter:
         self._n = n = len(self.separators)
         # Per partition, one past its last data block: partition p covers the data blocks
         # [first_blocks[p], block_ends[p]) (its separator is block_ends[p] - 1's index key).
-        self.block_ends = self.first_blocks[1:] + [num_data_blocks] if n else []
+        self.block_ends = self.first_blocks[1:] + [num_data_blocks]
         self._file = file
         self.region_offset = region_offset
         self.region_size = region_size
@@ -197,14 +198,7 @@ class PartitionedFilter:
         p = bisect_left(self.separators, key)
         if p == self._n:
             return False  # above the table's largest key
-        self.ref[p] = 1
-        if self._state[p] == RESIDENT:
-            if self._match(self._views[p], key):
-                self.positives += 1
-                return True
-            self.negatives += 1
-            return False
-        return self._probe_slow(p, key)
+        return self.may_match_partition(p, key)
 
     def may_match_partition(self, p: int, key: bytes) -> bool | int:
         """:meth:`may_match` for a ``key`` whose partition ``p`` the caller found:

@@ -199,11 +199,11 @@ class Table:
         # the block cache.
         self._in_place = bytearray(n if self._mapped else 0)
         # Per data block of a mapped restart-interval-1 table (the only gets that read it):
-        # the CRC32C (unmasked) of its contents and type byte
-        # once a get has checked them against the trailer, -1 before. Later gets compare their
-        # copy's CRC with it instead of reading and unmasking the trailer again (~0.3 us of a
-        # ~6 us get, bench/results/db.md "Session 19"): the bytes are still checked on every
-        # read, against the checksum the file held when the block was first read.
+        # the CRC32C (unmasked) of its contents and type byte once a get has checked them
+        # against the trailer, -1 before. Later gets compare their copy's CRC with it instead
+        # of reading and unmasking the trailer again (~0.3 us of a ~6 us get,
+        # bench/results/db.md "Session 19"): the bytes are still checked on every read,
+        # against the checksum the file held when the block was first read.
         self._crc_of = array("q", [-1]) * (n if self._mapped and self._whole else 0)
         self._verify_every_read = verify_every_read
         self._filter: PartitionedFilter | None = None
