@@ -26,11 +26,13 @@ from engine.sstable.block_builder import BlockBuilder
 from engine.vfs import FileSystem
 
 
-def _block(rng, n):
+def _block(rng, n, max_value=40):
+    """A hash-indexed data block of up to ``n`` random keys (1-23 bytes) and values (shared
+    with tests/test_partition_lookup.py and tests/test_review_session19.py)."""
     keys = sorted({rng.randbytes(rng.randrange(1, 24)) for _ in range(n)})
     b = BlockBuilder(1, hash_index=True)
     for k in keys:
-        b.add(k, struct.pack("<Q", 7 << 8 | KIND_VALUE) + rng.randbytes(rng.randrange(40)))
+        b.add(k, struct.pack("<Q", 7 << 8 | KIND_VALUE) + rng.randbytes(rng.randrange(max_value)))
     data = bytes(b.finish())
     assert struct.unpack_from("<I", data, len(data) - 4)[0] > BLOCK_HASH_FLAG
     return keys, data

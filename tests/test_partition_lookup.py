@@ -24,6 +24,8 @@ from engine.sstable.block_builder import BlockBuilder
 from engine.sstable.filter_reader import decode_filter_index
 from engine.vfs import FileSystem
 
+from .test_in_place_reads import _block
+
 
 def _table(path, keys, **opts):
     w = FileSystem().open_writable(str(path))
@@ -76,17 +78,9 @@ def test_an_empty_filter_index_is_corruption(num_data_blocks):
         decode_filter_index(empty, 0, num_data_blocks)
 
 
-def _hashed_block(rng, n):
-    keys = sorted({rng.randbytes(rng.randrange(1, 24)) for _ in range(n)})
-    b = BlockBuilder(1, hash_index=True)
-    for k in keys:
-        b.add(k, struct.pack("<Q", 7 << 8 | KIND_VALUE) + rng.randbytes(rng.randrange(40)))
-    return keys, bytes(b.finish())
-
-
 def test_a_hash_index_with_every_slot_full_is_corruption_not_a_loop():
     rng = random.Random(5)
-    keys, data = _hashed_block(rng, 30)
+    keys, data = _block(rng, 30)
     n = len(data) - 4
     num = struct.unpack_from("<I", data, n)[0] - BLOCK_HASH_FLAG
     nb = struct.unpack_from("<H", data, n - 2)[0]
@@ -103,7 +97,7 @@ def test_a_hash_index_with_every_slot_full_is_corruption_not_a_loop():
 @pytest.mark.parametrize("seed", range(4))
 def test_find_hashed_agrees_with_find_whole_inside_a_mapping_sized_buffer(seed):
     rng = random.Random(seed)
-    keys, data = _hashed_block(rng, rng.randrange(2, 200))
+    keys, data = _block(rng, rng.randrange(2, 200))
     pad = rng.randbytes(rng.randrange(50))
     buf = pad + data + rng.randbytes(30)
     start, end = len(pad), len(pad) + len(data)

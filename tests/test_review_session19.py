@@ -68,6 +68,8 @@ from engine.sstable.properties import TableProperties, encode_properties
 from engine.vfs import FileSystem
 from router.cli.report_cmds import held_by_reads
 
+from .test_in_place_reads import _block
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NONE_HELD = {"open": 0, "oldest_age_seconds": None, "memtable_holds": 0, "kept_records": 0,
              "held_tables": 0, "held_table_bytes": 0}
@@ -128,14 +130,6 @@ def test_the_partition_restricted_index_search_is_the_full_bisect(tmp_path, seed
                         == bisect_left(t._index_keys, k), (k, opts)
 
 
-def _hashed_block(rng, n):
-    keys = sorted({rng.randbytes(rng.randrange(1, 24)) for _ in range(n)})
-    b = BlockBuilder(1, hash_index=True)
-    for k in keys:
-        b.add(k, struct.pack("<Q", 7 << 8 | KIND_VALUE) + rng.randbytes(rng.randrange(200)))
-    return keys, bytes(b.finish())
-
-
 def _outcome(buf, start, end, key):
     try:
         return "ok", find_hashed(buf, start, end, key, "t.sst", 4096)
@@ -150,7 +144,7 @@ def test_find_hashed_reads_only_its_block_and_raises_only_corruption():
     loop); good blocks answer as find_whole."""
     for seed in range(600):
         rng = random.Random(seed)
-        keys, data = _hashed_block(rng, rng.choice([1, 2, 3, 10, 100, 255]))
+        keys, data = _block(rng, rng.choice([1, 2, 3, 10, 100, 255]), max_value=200)
         bad = bytearray(data)
         for _ in range(rng.choice([0, 1, 2, 5])):
             where = rng.choice(["tail", "any", "slots"])
