@@ -59,13 +59,19 @@ def test_find_hashed_inside_a_larger_buffer_answers_as_find_whole(seed):
             assert buf[got[0]:got[1]] == data[want[0]:want[1]]
 
 
-def test_a_damaged_index_entry_never_reads_the_next_block():
-    rng = random.Random(7)
-    keys, data = _block(rng, 40)
+def _hash_layout(data):
+    """``(slots_start, slot_count, restart_count, restarts_start)`` of a hash-indexed block
+    (docs/format.md "Data block hash index")."""
     n = len(data) - 4
     num = struct.unpack_from("<I", data, n)[0] - BLOCK_HASH_FLAG
     nb = struct.unpack_from("<H", data, n - 2)[0]
-    limit = n - 2 - nb - 4 * num
+    return n - 2 - nb, nb, num, n - 2 - nb - 4 * num
+
+
+def test_a_damaged_index_entry_never_reads_the_next_block():
+    rng = random.Random(7)
+    keys, data = _block(rng, 40)
+    limit = _hash_layout(data)[3]
     # Point the first entry's restart offset at the block's end, where a copy of the block
     # follows with the same key at its start: only the bounds check stops a wrong answer.
     bad = bytearray(data)

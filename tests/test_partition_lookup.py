@@ -12,29 +12,24 @@ in CorruptionError, never a loop or a wrong answer.
 """
 
 import random
-import struct
 
 import pytest
 
 from engine.errors import CorruptionError
-from engine.format import BLOCK_HASH_FLAG, KIND_VALUE
-from engine.sstable import Table, TableBuilder, TableOptions
+from engine.format import KIND_VALUE
+from engine.sstable import Table
 from engine.sstable.block import Block, find_hashed, find_whole
 from engine.sstable.block_builder import BlockBuilder
 from engine.sstable.filter_reader import decode_filter_index
 from engine.vfs import FileSystem
 
-from .test_in_place_reads import _block
+from .test_in_place_reads import _block, _hash_layout
+from .test_sstable import write_table
 
 
 def _table(path, keys, **opts):
-    w = FileSystem().open_writable(str(path))
-    b = TableBuilder(w, TableOptions(**opts))
-    for i, k in enumerate(keys):
-        b.add(k, i + 1, KIND_VALUE, b"v%d" % i)
-    b.finish()
-    w.sync()
-    w.close()
+    write_table(FileSystem(), str(path),
+                [(k, i + 1, KIND_VALUE, b"v%d" % i) for i, k in enumerate(keys)], **opts)
     return Table.open(FileSystem(), str(path), mmap_reads=True)
 
 
@@ -81,11 +76,9 @@ def test_an_empty_filter_index_is_corruption(num_data_blocks):
 def test_a_hash_index_with_every_slot_full_is_corruption_not_a_loop():
     rng = random.Random(5)
     keys, data = _block(rng, 30)
-    n = len(data) - 4
-    num = struct.unpack_from("<I", data, n)[0] - BLOCK_HASH_FLAG
-    nb = struct.unpack_from("<H", data, n - 2)[0]
+    hs, nb, num, _ = _hash_layout(data)
     bad = bytearray(data)
-    bad[n - 2 - nb:n - 2] = bytes([1]) * nb  # every slot names entry 1 (keys[0])
+    bad[hs:hs + nb] = bytes([1]) * nb  # every slot names entry 1 (keys[0])
     assert num >= 2
     with pytest.raises(CorruptionError) as ei:
         find_hashed(bytes(bad), 0, len(bad), keys[1], "t.sst", 8192)

@@ -71,6 +71,7 @@ from engine.wal import LogWriter, parse_log, read_log
 from engine.wal import writer as writer_mod
 
 from .test_db_durability import _crash_trial
+from .test_sstable import write_table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,13 +160,7 @@ def _build(path, n=240, seed=5, **opts):
     keys = sorted({b"key-%08d" % rng.randrange(10 ** 8) for _ in range(n)})
     entries = [(k, i + 1, KIND_VALUE, b"value %d " % i * rng.randrange(1, 6) + rng.randbytes(4))
                for i, k in enumerate(keys)]
-    w = FileSystem().open_writable(path)
-    b = TableBuilder(w, TableOptions(block_size=opts.pop("block_size", 512), **opts))
-    for e in entries:
-        b.add(*e)
-    b.finish()
-    w.sync()
-    w.close()
+    write_table(FileSystem(), path, entries, block_size=opts.pop("block_size", 512), **opts)
     return entries
 
 
