@@ -16,8 +16,9 @@ _pack_header = LOG_HEADER.pack
 WRITEBACK_BYTES = 1 << 20
 """Every this many bytes appended, the writer asks the OS to start writing them to the disk
 (``WritableFile.start_writeback``), so that the fsync when the log ends (a memtable switch,
-which a writer waits for) or a synced write has at most about this much left to write: with
-unsynced writes at the defaults that fsync took 4-13 ms, and up to ~100 ms, at every switch
+which a writer waits for) or a synced write has at most about this much left to write. With
+unsynced writes at the defaults, the switch's fsync took 3.6-5.0 ms median (up to 12 ms), and
+the slowest put of a 1.2M-put run (101 ms) was at a switch; with this, 1.2 ms median
 (bench/results/db.md "Session 19"). Advice only: no durability rule depends on it."""
 _U32 = 0xFFFFFFFF
 
