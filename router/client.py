@@ -21,7 +21,8 @@ not retried: the caller decides (a Put is idempotent, but a Write spanning shard
 applied in part). Errors are :mod:`router.client_errors` classes. Thread-safe: one Client
 may be shared by threads.
 
-Arguments are checked before anything is sent: a key or value that is not ``bytes`` (a str,
+Arguments are checked before anything is sent: an address that is not HOST:PORT with a port
+in 1..65535 (an IPv6 host in brackets, ``[::1]:50051``) raises ValueError, a key or value that is not ``bytes`` (a str,
 None where a value is required: ``put(k, None)`` is not a delete) raises TypeError, a number
 out of range (a negative ``limit``, ``timeout``, ``retries`` or ``backoff``) ValueError. A
 call after :meth:`Client.close` raises :class:`~router.client_errors.ClosedError`.
@@ -39,6 +40,7 @@ from typing import Iterable, Iterator
 
 import grpc
 
+from shard.address import check_address
 from shard.limits import Limits
 from shard.tls import TlsError, client_tls, channel as open_channel
 from sievekv_proto import sievekv_pb2 as pb
@@ -172,7 +174,7 @@ class Client:
                  max_value_bytes: int = Limits().max_value_bytes, channel_options=(),
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, tls: bool = False):
-        self.address = address
+        self.address = check_address(address)  # HOST:PORT, port 1..65535 (shard/address.py)
         self.timeout = _check_timeout(timeout)
         self.retries = _check_int(retries, "retries", 0)
         self.backoff = _check_seconds(backoff, "backoff")

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 
 from engine.errors import SieveError
+from shard.address import listen_address_arg
 from shard.limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
 from shard.tls import TlsError, client_tls, server_tls
 from shard.worker import (add_server_tls_args, stop_event_on_signals, wait_for_stop,
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m router",
                                 description="Serve a sievekv cluster (KV + Admin) over gRPC.")
     p.add_argument("--cluster-map", required=True, help="TOML cluster map (see router/cluster_map.py)")
-    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 = any free port")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 = any free port",
+                   type=listen_address_arg)
     p.add_argument("--processes", type=int, default=1, help="router processes sharing the port")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--max-value-bytes", type=max_value_bytes_arg, default=DEFAULT_MAX_VALUE_BYTES,

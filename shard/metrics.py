@@ -131,6 +131,14 @@ NOT_SUMMED = frozenset({
 
 MAXED = frozenset({
     "oldest_age_seconds",  # the cluster's oldest snapshot: the largest of the shards' ages
+    # how long the work in progress has run (compaction_running, verify_running,
+    # checkpoint_running): the longest-running shard's
+    "seconds",
+})
+MINNED = frozenset({
+    # seconds until something becomes due: the soonest shard's (session 20 review: summed,
+    # two shards each due in an hour said two hours)
+    "tombstone_compaction_due_in_s",
 })
 
 
@@ -141,8 +149,9 @@ def _ratio(leaf: str, num: float, den: float) -> float:
 def sum_totals(parts) -> dict[str, float]:
     """The cluster's totals from shards' flattened reports (:func:`flatten_numbers` dicts):
     amounts summed, ratios recomputed from the summed amounts (a ratio with a zero or missing
-    denominator is left out, as the engine reports None), ages (MAXED) the largest, identifiers
-    and per-shard figures kept where all shards agree and left out where they differ.
+    denominator is left out, as the engine reports None), ages and running times (MAXED) the
+    largest, times until something is due (MINNED) the smallest, identifiers and per-shard
+    figures kept where all shards agree and left out where they differ.
 
     >>> t = sum_totals([{"t.false_positives": 1, "t.negatives": 9, "t.observed_fpr": 0.1,
     ...                  "levels.1.level": 1, "log.number": 7},
@@ -165,6 +174,8 @@ def sum_totals(parts) -> dict[str, float]:
                 same[key] = value if same.get(key, value) == value else None
             elif leaf in MAXED:
                 sums[key] = max(sums.get(key, float(value)), float(value))
+            elif leaf in MINNED:
+                sums[key] = min(sums.get(key, float(value)), float(value))
             else:
                 sums[key] = sums.get(key, 0.0) + float(value)
     out = dict(sums)

@@ -33,6 +33,7 @@ import threading
 from engine.errors import SieveError
 from engine.open_files import raise_to_hard
 
+from .address import listen_address_arg
 from .backend import open_engine
 from .limits import DEFAULT_MAX_VALUE_BYTES, Limits, max_value_bytes_arg
 from .server import DEFAULT_WORKERS, create_server
@@ -56,7 +57,8 @@ def parse_engine_option(text: str) -> tuple[str, object]:
 def build_parser(prog: str = "python -m shard") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Serve one sievekv engine directory over gRPC.")
     p.add_argument("--data-dir", required=True, help="engine directory (created if missing)")
-    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on; port 0 = any free port")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on; port 0 = any free port",
+                   type=listen_address_arg)
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--name", help="shard name in reports (default: the data directory's name)")
     p.add_argument("--max-value-bytes", type=max_value_bytes_arg, default=DEFAULT_MAX_VALUE_BYTES,

@@ -4,24 +4,27 @@ tests/test_cli_e2e.py's ``cluster_from_text`` and stopped by its finalizer), wit
 the snapshot statistics added in 122edf0/fdeb94f (``sievekv stats``, ``held_by_reads``, the
 ``sievekv_engine_snapshots_open`` family of shard metrics).
 
-Findings (strict xfails until fixed):
+Findings (strict xfails until fixed; all four fixed in session 20, now plain tests):
 
 1. Cluster totals sum ``tombstone_compaction_due_in_s`` over the shards: two shards each due
    in ~1 h give a cluster "due in" ~2 h (shard/metrics.py ``sum_totals`` sums every leaf that
    RATIOS, NOT_SUMMED and MAXED do not name; 88ec737 fixed the same for compression ratios
    and 122edf0 added MAXED for ``oldest_age_seconds`` only). Seen in ``StatsResponse.totals``,
-   ``Client.stats()["totals"]`` and ``sievekv stats --json``.
+   ``Client.stats()["totals"]`` and ``sievekv stats --json``. Fixed: a MINNED set (the
+   soonest); the running operations' ``seconds`` joined MAXED (the longest-running).
 2. ``sievekv scan --limit 18446744073709551615`` (the top of the range the CLI itself names:
    "--limit: must be in 0..18446744073709551615") ends in "internal error: ValueError: limit
    must be at most 18446744073709551614", exit 1: router/cli/data_cmds.py MAX_SCAN_LIMIT is
-   2**64 - 1, Client.scan takes at most 2**64 - 2.
+   2**64 - 1, Client.scan takes at most 2**64 - 2. Fixed: MAX_SCAN_LIMIT is 2**64 - 2.
 3. ``python -m shard --listen 127.0.0.1:65536`` (and ``python -m router``) serves on a random
    free port, and ``--listen 127.0.0.1:99999`` on port 34463: gRPC takes the port modulo
    65536. The supervisor's config check refuses such ports, but deploy/README.md has
-   operators start these processes by hand.
+   operators start these processes by hand. Fixed: ``--listen`` is checked
+   (shard/address.py): exit 2 naming the port.
 4. ``Client("127.0.0.1:<P + 65536>")`` is accepted and talks to whatever serves port P (here:
    the router): the client library checks every other argument before anything is sent, and
-   the CLI refuses the same address for --router (exit 2).
+   the CLI refuses the same address for --router (exit 2). Fixed: Client checks it with the
+   CLI's rule (shard/address.py), ValueError.
 
 Checked and holds (a few plain tests below; the rest by hand with the CLI as a process):
 absent key (API found=false, CLI exit 5 and one line), empty key and keys over 64 KiB
@@ -135,11 +138,9 @@ def test_snapshot_stats_reach_the_cli_json_and_the_shard_metrics(cluster):
 
 
 # ---------------------------------------------------------------------------------------------
-# Findings
+# Findings, fixed in session 20
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="cluster totals sum tombstone_compaction_due_in_s over "
-                   "shards: two shards due in ~1 h report ~2 h")
 def test_cluster_totals_do_not_sum_the_tombstone_compaction_countdown(cluster):
     with Client(cluster["router"]) as c:
         c.write([(k, None) for k in _keys_on_both_shards()])  # tombstones on both shards
@@ -152,9 +153,6 @@ def test_cluster_totals_do_not_sum_the_tombstone_compaction_countdown(cluster):
     assert total is None or total <= max(due) + 1.0, (total, due)
 
 
-@pytest.mark.xfail(strict=True, reason="scan --limit 18446744073709551615, inside the range "
-                   "the CLI names, is an 'internal error' (exit 1): Client.scan takes at most "
-                   "2**64 - 2")
 def test_scan_limit_at_the_top_of_the_documented_range_is_no_internal_error(cluster):
     with Client(cluster["router"]) as c:
         c.put(b"r20b:scan", b"v")
@@ -166,8 +164,6 @@ def test_scan_limit_at_the_top_of_the_documented_range_is_no_internal_error(clus
         r.returncode == 2 and r.stderr.count("\n") == 1), (r.returncode, r.stdout, r.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="python -m shard / python -m router --listen with a "
-                   "port over 65535 serve on that port modulo 65536 (65536: a random port)")
 @pytest.mark.parametrize("role", ["shard", "router"])
 def test_a_listen_port_over_65535_is_refused(role, procs, tmp_path):
     if role == "shard":
@@ -190,8 +186,6 @@ def test_a_listen_port_over_65535_is_refused(role, procs, tmp_path):
     assert "65536" in p.log(), p.log()
 
 
-@pytest.mark.xfail(strict=True, reason="Client accepts an address whose port is over 65535 "
-                   "and reaches the server on that port modulo 65536")
 def test_the_client_refuses_an_address_with_a_port_over_65535(cluster):
     with Client(cluster["router"]) as c:
         c.put(b"r20b:wrap", b"reached")

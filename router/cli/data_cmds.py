@@ -32,7 +32,7 @@ from .value_source import read_value
 
 DEFAULT_TIMEOUT = 30.0
 BATCH_BYTES = 1 << 20  # largest Write of several records, protobuf bytes (sizes.py)
-MAX_SCAN_LIMIT = 2**64 - 1  # ScanRequest.limit is a uint64
+MAX_SCAN_LIMIT = 2**64 - 2  # Client.scan's: a resumed scan asks for one more (ScanRequest.limit, uint64)
 
 
 def _client(args, limits: Limits | None = None):

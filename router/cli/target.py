@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 
+from shard.address import check_address
+
 from .. import cluster_state as cs
-from ..config import ClusterConfig, ConfigError, load, split_address
+from ..config import ClusterConfig, ConfigError, load
 from .exit_codes import UNREACHABLE, USAGE, CliError
 
 
@@ -57,19 +59,10 @@ def read_state(args) -> dict:
 
 def check_router_address(address: str) -> str:
     """``address`` if it is HOST:PORT with a port in 1..65535 and an IPv6 host in brackets
-    (``[::1]:50051``); ValueError (one line) if not (gRPC would fail to resolve it and the
-    command would report the cluster as unreachable)."""
-    raw_host, _, port_text = address.rpartition(":")
-    if raw_host and port_text.isdigit() and not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"port of {address!r} must be in 1..65535")  # 0 and 99999 alike
-    host, port = split_address(address)
-    bracketed = raw_host.startswith("[") and raw_host.endswith("]")
-    if "[" in host or "]" in host or (":" in host and not bracketed):
-        raise ValueError(f"expected host:port with an IPv6 host in brackets "
-                         f"([::1]:50051), got {address!r}")
-    if port == 0:
-        raise ValueError(f"port of {address!r} must be in 1..65535")
-    return address
+    (``[::1]:50051``); ValueError (one line) if not (gRPC would wrap a port over 65535 into
+    another one, or fail to resolve the address and the command would report the cluster as
+    unreachable): shard/address.py."""
+    return check_address(address)
 
 
 def router_address(args) -> str:
