@@ -334,6 +334,10 @@ class Manifest:
         self._writer, self.manifest_number = writer, number
         if old_writer is not None:
             old_writer.close()
+        if old_number:  # the one recovered from too: CURRENT no longer names it (durably)
+            # Until session 20 only a live DB's old manifest went here; the one an open
+            # recovered from waited for the open's sweep (obsolete_files), and every open
+            # that failed after this point (a damaged log) left one more behind.
             try:
                 self._fs.remove(filenames.manifest_file_name(self.dirname, old_number))
             except StorageIOError:

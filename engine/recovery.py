@@ -27,6 +27,12 @@ Steps (LevelDB's ``DB::Open``):
 6. Remove what a crash left behind: tables no version references, logs below the log number,
    old manifests, temp files.
 
+An open that fails before its edit is written (a damaged log, a table that fails its check, a
+full disk) removes the tables and the new log it wrote, so repeated failing opens do not
+fill the disk; one whose manifest write failed removes nothing: the edit naming them may be
+on disk, and the next open settles which files are live (docs/format.md, "Rules the DB
+follows" 4). The manifest recovered from is removed once CURRENT names its successor.
+
 The DB then starts its background threads; the compaction thread looks at the recovered
 version before it first waits, so an L0 at or past the trigger is compacted right after open
 (RocksDB's MaybeScheduleFlushOrCompaction at the end of DB::Open).
@@ -168,30 +174,31 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
                 m = MemTable()
         return m
 
-    logs = manifest.logs_to_replay()
-    live = MemTable()  # what the DB's first memtable holds: the last log's writes, if carried
-    carried: list = []  # the last log's records, copied into the new log
-    for i, (_number, log_path) in enumerate(logs):
-        result = read_log(fs, log_path)
-        if i == len(logs) - 1:
-            kept: list = []  # its records less those an earlier log held (new_records)
-            last = replay(MemTable(), result, log_path, flush_when_full=False, kept=kept)
-            if last.approximate_bytes < min(options.memtable_bytes, CARRY_MAX_BYTES):
-                live, carried = last, kept
-            else:  # a large one goes to a table once, not replayed and copied at every open
-                flush_mem(mem)  # older data first: larger table numbers hold newer data
-                mem = last
-        else:
-            mem = replay(mem, result, log_path, flush_when_full=True)
-    flush_mem(mem)
-    # Before the edit after which the replayed logs are obsolete and deleted: a table that
-    # fails its check must not be their only copy (engine/output_check.py).
-    check_new_tables(fs, path, metas)
-    log_number = manifest.new_file_number()
-    live.log_number = log_number
-    log_path = filenames.log_file_name(path, log_number)
-    log = LogWriter(fs.open_writable(log_path))
+    log = log_path = None
     try:
+        logs = manifest.logs_to_replay()
+        live = MemTable()  # the DB's first memtable: the last log's writes, if carried
+        carried: list = []  # the last log's records, copied into the new log
+        for i, (_number, replay_path) in enumerate(logs):
+            result = read_log(fs, replay_path)
+            if i == len(logs) - 1:
+                kept: list = []  # its records less those an earlier log held (new_records)
+                last = replay(MemTable(), result, replay_path, flush_when_full=False, kept=kept)
+                if last.approximate_bytes < min(options.memtable_bytes, CARRY_MAX_BYTES):
+                    live, carried = last, kept
+                else:  # a large one goes to a table once, not replayed and copied every open
+                    flush_mem(mem)  # older data first: larger table numbers hold newer data
+                    mem = last
+            else:
+                mem = replay(mem, result, replay_path, flush_when_full=True)
+        flush_mem(mem)
+        # Before the edit after which the replayed logs are obsolete and deleted: a table
+        # that fails its check must not be their only copy (engine/output_check.py).
+        check_new_tables(fs, path, metas)
+        log_number = manifest.new_file_number()
+        live.log_number = log_number
+        log_path = filenames.log_file_name(path, log_number)
+        log = LogWriter(fs.open_writable(log_path))
         # The carried records are written anew, not appended to the old file: a failed fsync
         # of the old log may have left its pages clean but never written (Linux marks them
         # clean), so no later fsync of that file could make them durable.
@@ -205,11 +212,22 @@ def _replay(fs, path, options, lock, manifest: Manifest) -> RecoveredState:
             edit.add_file(0, m)
         manifest.log_and_apply(edit)
     except BaseException:
-        log.close()
-        try:  # not referenced by the manifest: a later open would only replay it again
-            fs.remove(log_path)
-        except SieveError:
-            pass
+        if log is not None:
+            log.close()
+        if not manifest.failed:
+            # The edit was never written: the tables and the new log are this open's alone,
+            # and a later open rebuilds them from the logs. Remove them, or every open that
+            # fails (a damaged log, a shard restarted by its service manager) adds more.
+            # With the manifest failed the edit may be on disk naming them: keep them all
+            # (the next open settles it; the new log's records then repeat the old last
+            # log's, and new_records skips them). Until session 20 the new log was removed
+            # here whatever failed, and a restart lost the carried writes.
+            left = [filenames.table_file_name(path, m.number) for m in metas]
+            for stale in left + ([log_path] if log_path is not None else []):
+                try:
+                    fs.remove(stale)
+                except SieveError:
+                    pass
         raise
     removed = 0
     for stale in obsolete_files(fs, path, manifest, pending={log_number}):

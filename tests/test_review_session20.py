@@ -7,18 +7,21 @@ before a log's tail is an error; what a crash left is removed on open. Faults co
 engine/faultfs.py (``crash_after`` at an operation index, the crash modes, failed fsyncs and
 appends chosen by file name and count in :class:`CountedFaultFS`). No engine part is mocked.
 
-Findings (strict xfails until fixed):
+Findings (strict xfails until fixed; both fixed in session 20, now plain tests):
 
 - ``_replay`` in engine/recovery.py removes the new log (the copy of the last log's writes)
   when ``manifest.log_and_apply`` raises. A failed manifest fsync leaves the outcome unknown
   (docs/format.md, "Rules the DB follows" 4): the edit that names the new log is in the
   file, a process restart reads it, finds that log gone and the last log below the log
   number, and deletes the last log as obsolete. Every write of the last log is lost, synced
-  and acknowledged ones included.
+  and acknowledged ones included. Fixed: with the manifest failed, a failed open removes
+  nothing (the next open settles which files are live).
 - An open that fails on a damaged log (CorruptionError) leaves behind the L0 tables it wrote
   from the older logs (``flush_when_full`` in ``_replay``) and the manifest it switched to
   (``Manifest.recover`` never removes the one it replaced); only a successful open sweeps
-  them, so every retry on a damaged DB grows its directory.
+  them, so every retry on a damaged DB grows its directory. Fixed: a failed open whose edit
+  was never written removes its tables and new log; the manifest recovered from is removed
+  as soon as CURRENT names the new one.
 
 Checked and holding (plain tests below):
 
@@ -216,8 +219,6 @@ def synced_puts_then_process_death(path, fs, n=10):
 # ---------------------------------------------------------------------------------------------
 # Finding: recovery removes the new log after a manifest failure whose outcome is unknown
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="recovery removes its new log when the manifest edit "
-                   "naming it fails to sync; a restart then loses the last log's writes")
 @pytest.mark.parametrize("then", ["restart", "restart-then-power-loss"])
 def test_a_failed_manifest_fsync_while_opening_loses_no_synced_write(tmp_path, then):
     path = str(tmp_path / "db")
@@ -521,8 +522,6 @@ def kinds(path) -> tuple[set, set]:
             {n for n in names if n.startswith("MANIFEST-")})
 
 
-@pytest.mark.xfail(strict=True, reason="an open that fails on a damaged log leaves the L0 "
-                   "tables it wrote from older logs and its new manifest; each retry adds more")
 def test_opens_failing_on_a_damaged_log_do_not_pile_up_files(tmp_path):
     """Three logs; the last one damaged in its first record (valid records follow it:
     corruption, not a torn tail). Each open writes the older logs' writes to L0 tables
