@@ -102,3 +102,9 @@ def format_ratio(x: float | None, digits: int = 4) -> str:
 def format_count(n: int | None) -> str:
     """``1234567 -> "1,234,567"``; None -> ``"-"``."""
     return "-" if n is None else f"{n:,}"
+
+
+def format_counted(n: int | None, noun: str, plural: str | None = None) -> str:
+    """:func:`format_count` and ``noun``, singular for exactly one: ``1 table``, ``2 tables``,
+    ``1,234 records`` (``plural`` where adding "s" is wrong)."""
+    return f"{format_count(n)} {noun if n == 1 else (plural or noun + 's')}"

@@ -27,6 +27,7 @@ import socket
 from . import cluster_state as cs
 from . import restore_journal
 from .config import ClusterConfig
+from .humanize import format_counted
 
 
 class PreflightError(Exception):
@@ -173,8 +174,9 @@ def check_layout(cfg: ClusterConfig, record: bool = True) -> None:
     if have != want:
         n_have = len(have.get("slots", []))
         raise PreflightError(
-            f"{cfg.data_dir} holds a cluster of {n_have} shards with slot ranges "
-            f"{_ranges(have)}; this config has {len(cfg.shards)} shards with {_ranges(want)} "
+            f"{cfg.data_dir} holds a cluster of {format_counted(n_have, 'shard')} with slot ranges "
+            f"{_ranges(have)}; this config has {format_counted(len(cfg.shards), 'shard')} with "
+            f"{_ranges(want)} "
             f"(keys would be looked up on the wrong shard; move the keys to this layout with "
             f"`sievekv cluster reshard`, or use another data_dir)", "config")
 

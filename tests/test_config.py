@@ -9,7 +9,7 @@ import pytest
 
 from engine.options import Options
 from router import config as c
-from router.humanize import format_bytes, format_duration, parse_size
+from router.humanize import format_bytes, format_counted, format_duration, parse_size
 
 
 def test_embedded_default_describes_a_four_shard_cluster(tmp_path):
@@ -114,6 +114,13 @@ def test_humanize_round_numbers():
             parse_size(bad)
     assert format_bytes(None) == "-" and format_bytes(1 << 20) == "1.0 MiB"
     assert format_duration(3725) == "1h02m"
+
+
+def test_counts_of_one_read_singular():
+    # Session 20 review: the CLI said "L0 1 tables", "loaded 1 records", "(1 shards, ...".
+    assert format_counted(1, "table") == "1 table" and format_counted(0, "table") == "0 tables"
+    assert format_counted(1234, "record") == "1,234 records"
+    assert format_counted(2, "index", "indexes") == "2 indexes"
 
 
 def test_router_threads_and_call_slots_reach_the_router_command_line():

@@ -23,7 +23,7 @@ def test_first_start_records_the_layout_and_later_starts_must_match(tmp_path):
     preflight.check_layout(cfg)  # the same layout: accepted
     with open(path, "w") as f:
         json.dump({"slots": [[0, 16383]]}, f)
-    with pytest.raises(preflight.PreflightError, match="holds a cluster of 1 shards"):
+    with pytest.raises(preflight.PreflightError, match="holds a cluster of 1 shard with"):
         preflight.check_layout(cfg)
 
 

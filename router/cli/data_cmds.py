@@ -20,7 +20,7 @@ import time
 from shard.limits import Limits
 
 from ..client_errors import ClientError, PartialWriteError
-from ..humanize import format_bytes, format_count
+from ..humanize import format_bytes, format_count, format_counted
 from . import target
 from .codec import decode, encode
 from .exit_codes import (BUSY, INTERRUPTED, NOT_FOUND, OK, PARTIAL, USAGE, CliError,
@@ -148,13 +148,13 @@ class _Progress:
         el = max(time.monotonic() - self.t0, 1e-9)
         rate = records / el
         rate_text = f"{rate:.1f}" if rate < 10 else format_count(int(rate))
-        self.line.show(f"loaded {format_count(records)} records ({format_bytes(nbytes)}) in "
+        self.line.show(f"loaded {format_counted(records, 'record')} ({format_bytes(nbytes)}) in "
                        f"{el:.1f}s, {rate_text} records/s", final)
 
     def waiting(self, records: int, why: str, seconds: float, waited: float) -> None:
         """A line (always shown, unless quiet: each names the time waited so far, so no two
         are equal and none is dropped) saying that a busy batch is sent again."""
-        self.line.show(f"loaded {format_count(records)} records; a shard is busy ({why}); "
+        self.line.show(f"loaded {format_counted(records, 'record')}; a shard is busy ({why}); "
                        f"sending the batch again in {seconds:g}s ({waited:.1f}s waited for "
                        f"it so far)", True)
 

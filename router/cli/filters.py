@@ -17,7 +17,7 @@ import json
 
 import grpc
 
-from ..humanize import format_bytes, format_count, format_ratio
+from ..humanize import format_bytes, format_count, format_counted, format_ratio
 from . import rpc, target
 from .exit_codes import OK, PARTIAL, CliError, from_rpc_error
 from .table import render
@@ -136,8 +136,8 @@ def render_text(doc: dict, tables: bool) -> str:
         out.append(render(["LEVEL", "TABLE"] + HEADER, rows))
         out.append("")
     ct = doc["cluster_totals"]
-    out.append(f"cluster total ({ct['shards']} shards, {format_count(ct['tables'])} tables, "
-               f"{format_count(ct['keys'])} keys): on disk {format_bytes(ct['filter_bytes'])}, "
+    out.append(f"cluster total ({format_counted(ct['shards'], 'shard')}, "
+               f"{format_counted(ct['tables'], 'table')}, {format_counted(ct['keys'], 'key')}): on disk {format_bytes(ct['filter_bytes'])}, "
                f"mapped {format_bytes(ct['mapped_bytes'])}, resident "
                f"{format_bytes(ct['resident_bytes'])}, index {format_bytes(ct['filter_index_bytes'])}, "
                f"partitions touched {format_count(ct['partitions_touched'])}/"

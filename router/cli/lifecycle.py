@@ -26,7 +26,7 @@ from .. import cluster_state as cs
 from .. import launch, preflight
 from .. import restore_journal as rj
 from ..config import DEFAULT_CONFIG_NAME, ClusterConfig
-from ..humanize import format_duration
+from ..humanize import format_counted, format_duration
 from ..supervisor import control_request
 from . import target
 from .exit_codes import CONFLICT, ERROR, OK, PARTIAL, UNREACHABLE, USAGE, CliError
@@ -52,7 +52,7 @@ def cmd_start(args) -> int:
         raise CliError(f"{exc}; nothing was started", USAGE) from None
     _check_not_running(cfg)
     where = cfg.router.address if cfg.router.port else f"{cfg.router.host}:(a free port)"
-    _say(args, f"starting sievekv: {len(cfg.shards)} shards, router on {where}, "
+    _say(args, f"starting sievekv: {format_counted(len(cfg.shards), 'shard')}, router on {where}, "
                f"data in {cfg.data_dir}")
     ready = start_supervisor(cfg, on_event=lambda ev: _progress(args, ev))
     took = time.monotonic() - t0

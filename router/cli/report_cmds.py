@@ -16,7 +16,7 @@ import grpc
 from shard.status import one_line
 
 from ..config import default_config_text
-from ..humanize import format_bytes, format_count, format_duration
+from ..humanize import format_bytes, format_count, format_counted, format_duration
 from . import config_toml, rpc, target
 from .exit_codes import (ERROR, INTERRUPTED, OK, PARTIAL, UNREACHABLE, CliError, code_for_grpc,
                          from_rpc_error)
@@ -118,7 +118,7 @@ def cmd_stats(args) -> int:
                               [cell(s) for _, cell in STATS_COLUMNS]))
     print(render(["SHARD"] + [h for h, _ in STATS_COLUMNS], rows))
     for name, s in sorted(shards.items()):
-        lv = [f"L{x['level']} {x['tables']} tables {format_bytes(x['bytes'])}"
+        lv = [f"L{x['level']} {format_counted(x['tables'], 'table')} {format_bytes(x['bytes'])}"
               + (f" ({_ratio(x['compression_ratio'])})"
                  if x.get("compression_ratio") not in (None, 1.0) else "")
               for x in s.get("levels", []) if x.get("tables")]
@@ -174,7 +174,7 @@ def write_slowdown(s: dict) -> str:
     if not stall.get("delayed"):
         return ""
     l0 = next((x.get("tables") for x in s.get("levels", []) if x.get("level") == 0), None)
-    where = f"L0 holds {l0} tables" if l0 is not None else "L0"
+    where = f"L0 holds {format_counted(l0, 'table')}" if l0 is not None else "L0"
     return (f"writes held to {format_bytes(stall.get('delayed_write_rate'))}/s ({where}, at "
             f"its slowdown trigger: compactions are behind; the rate follows them)")
 
@@ -323,7 +323,7 @@ def compaction_reasons(stats: dict) -> str:
         return ""
     text = ", ".join(f"{r} {format_count(n)}" for r, n in sorted(by.items()))
     dropped = stats.get("tombstones_dropped")
-    return text + (f" ({format_count(dropped)} tombstones dropped)" if dropped else "")
+    return text + (f" ({format_counted(dropped, 'tombstone')} dropped)" if dropped else "")
 
 
 def tombstone_due(stats: dict) -> str:
