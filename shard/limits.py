@@ -28,6 +28,11 @@ MAX_VALUE_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - MESSAGE_SLACK_BYTES
 """The largest ``max_value_bytes`` whose message limit gRPC can represent (2 GiB - 1 MiB - 1)."""
 
 
+VALUE_LIMIT_SETTING = "(--max-value-bytes; max_value_size under [limits] in a cluster config)"
+"""Where the value limit is set, as the messages about it say: a shard's or router's flag, or a
+cluster config (router/config.py, which passes it on as the flag)."""
+
+
 def max_value_bytes_arg(text: str) -> int:
     """argparse ``type=`` for ``--max-value-bytes`` (shard and router): an int in
     0..MAX_VALUE_BYTES_LIMIT, else a usage error naming the range."""
@@ -74,7 +79,7 @@ class Limits:
         if len(value) > self.max_value_bytes:
             raise InvalidArgumentError(
                 f"value is {len(value)} bytes, over the value limit of {self.max_value_bytes} bytes"
-                " (--max-value-bytes)")
+                f" {VALUE_LIMIT_SETTING}")
 
     def check_bound(self, bound: bytes, what: str) -> None:
         """A scan bound may be empty (unbounded) but not longer than a key."""

@@ -22,7 +22,7 @@ from router.cli import app
 from router.cli.exit_codes import OK, UNREACHABLE, USAGE
 from router.cli.sizes import mutation_bytes, put_request_bytes, record_problem, value_over_limit
 from router.config import default_config_text
-from shard.limits import Limits
+from shard.limits import VALUE_LIMIT_SETTING, Limits
 from sievekv_proto import sievekv_pb2 as pb
 from engine.errors import InvalidArgumentError
 
@@ -160,7 +160,7 @@ def test_put_over_the_value_limit_is_the_servers_invalid_argument(cluster, cli):
         code, out, err = cli("put", "s:big", "-", "--config", conf, stdin=b"b" * n)
         assert code == USAGE and out == b""
         assert err == (f"sievekv: error: put: INVALID_ARGUMENT: value is {n} bytes, over the "
-                       f"value limit of {LIMIT} bytes (--max-value-bytes)\n")
+                       f"value limit of {LIMIT} bytes {VALUE_LIMIT_SETTING}\n")
     # on the command line too (the argument is sent, the router refuses it)
     code, _, err = cli("put", "s:big", "a" * (LIMIT + 1), "--config", conf)
     assert code == USAGE and "value is 65537 bytes, over the value limit of 65536" in err
@@ -181,7 +181,7 @@ def test_load_names_the_over_size_record_and_keeps_what_came_before(cluster, cli
     code, out, err = cli("load", "--format", "tsv", "--config", conf, stdin=data)
     assert code == USAGE and one_error_line(err), err
     assert err == ("sievekv: error: stdin: line 6: record too large: value is 2097152 bytes, "
-                   f"over the value limit of {LIMIT} bytes (--max-value-bytes); as a Write the "
+                   f"over the value limit of {LIMIT} bytes {VALUE_LIMIT_SETTING}; as a Write the "
                    f"record is 2097170 bytes, over the gRPC message limit of {MESSAGE_LIMIT} "
                    "bytes; the 5 record(s) before it were loaded\n")
     assert cli("get", "l1:5", "--config", conf)[1] == b"v5\n"

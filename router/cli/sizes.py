@@ -18,7 +18,7 @@ be cut before it outgrows the message limit. Pure functions, thread-safe.
 from __future__ import annotations
 
 from engine.errors import InvalidArgumentError
-from shard.limits import Limits
+from shard.limits import VALUE_LIMIT_SETTING, Limits
 
 # A WriteRequest's / PutRequest's optional ``sync`` flag: one tag byte and one value byte.
 SYNC_FIELD_BYTES = 2
@@ -60,7 +60,7 @@ def value_over_limit(value_len: int, limits: Limits) -> str:
     """The message the servers give for a value over the limit (Limits.check_value), for a
     value the CLI could not send: it only knows its length."""
     return (f"value is {value_len} bytes, over the value limit of {limits.max_value_bytes} "
-            f"bytes (--max-value-bytes)")
+            f"bytes {VALUE_LIMIT_SETTING}")
 
 
 def record_problem(key: bytes, value: bytes, limits: Limits,
