@@ -2,7 +2,7 @@
 cluster map file the router reads.
 
 Pure apart from :func:`write_cluster_map` (one file). The flags are those of
-``python -m shard`` (shard/__main__.py) and ``python -m router`` (router/__main__.py).
+``python -m shard`` (parsed in shard/worker.py) and ``python -m router`` (router/worker.py).
 """
 
 from __future__ import annotations

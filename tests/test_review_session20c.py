@@ -7,7 +7,7 @@ temporary directory; the embedded default once); their output and exit codes agr
 times, pids, ports and paths. What could be automated cheaply is below: plain tests for what
 holds, strict xfails for the mismatches (each passes once the docs or the code are fixed).
 
-Mismatches (strict xfails):
+Mismatches (strict xfails until fixed; all three fixed in session 20, now plain tests):
 
 1. docs/cli.md ("Which cluster a command talks to"): "A config that cannot be loaded is exit 2
    for every command that reads one, also when `--router` is given." With ``--router``,
@@ -319,8 +319,6 @@ def test_cli_md_documents_every_command_and_each_documented_flag_exists():
     assert checked >= 30
 
 
-@pytest.mark.xfail(strict=True, reason="docs/cli.md never mentions -f, the short --format of "
-                                       "scan and load")
 def test_every_flag_the_parser_takes_is_in_cli_md():
     text = _read("docs/cli.md")
     missing = {}
@@ -391,9 +389,6 @@ def test_a_bad_config_with_router_is_exit_2_for_the_data_commands(capsys, tmp_pa
         assert code == 2 and "count: must be in 1..16384" in err, argv
 
 
-@pytest.mark.xfail(strict=True, reason="with --router, stats/filters/flush/compact/verify/"
-                                       "checkpoint ignore a config that cannot be loaded "
-                                       "(docs/cli.md: exit 2 also when --router is given)")
 def test_a_bad_config_with_router_is_exit_2_for_the_report_commands(capsys, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[shards]\ncount = 0\n")
@@ -406,8 +401,6 @@ def test_a_bad_config_with_router_is_exit_2_for_the_report_commands(capsys, tmp_
     assert got == {name: (2, True) for name in got}
 
 
-@pytest.mark.xfail(strict=True, reason="router/cli/__init__.py's module list omits 12 of the "
-                                       "package's modules (verify_cmd, checkpoint_cmd, ...)")
 def test_cli_package_docstring_names_every_module():
     import router.cli as pkg
 

@@ -52,9 +52,12 @@ def _local_cluster_tls(args) -> None:
 
     if args is None:
         return
+    # A config that cannot be loaded is a usage error (exit 2) here too, --router or not
+    # (docs/cli.md); until session 20 it was dropped and the command went on without it.
+    directory = target.data_dir(args)
     try:
-        doc = cs.read_state(target.data_dir(args))
-    except (cs.StateError, CliError):
+        doc = cs.read_state(directory)
+    except cs.StateError:
         return
     # A command that calls a router given by --router / $SIEVEKV_ROUTER uses the local
     # cluster's files only when it is that cluster's router (`export SIEVEKV_ROUTER=$(sievekv

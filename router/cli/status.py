@@ -2,8 +2,9 @@
 
 For every process recorded by the supervisor: is the recorded pid (with its start time) alive,
 what does its gRPC health service say, since when has it run; for shards also the engine's own
-numbers, asked of the shard directly (Admin.Stats), so the table is right even while the
-router is down. ``--json`` gives the same with raw numbers, plus metrics ports and URLs.
+numbers, asked of the shard directly (Admin.Stats and Admin.FilterReport), so the table is
+right even while the router is down. ``--json`` gives the same with raw numbers, plus metrics
+ports and URLs.
 
 Exit code: 0 when the supervisor runs and every process is SERVING, 4 (PARTIAL) when some are
 not, 3 (UNREACHABLE) when the cluster is not running at all.
