@@ -60,7 +60,7 @@ from .block_cache import BlockCache
 from .compaction import full_task, pick, rewrite_tasks
 from .compaction.births import Births
 from .errors import (ClosedError, CorruptionError, InvalidArgumentError, ResultTooLargeError,
-                     SieveError, StorageIOError)
+                     SieveError, StorageIOError, release_all)
 from .filter_cap import FilterCap
 from .format import KIND_DELETE, KIND_VALUE
 from .group_commit import GroupCommit, Withdrawn
@@ -147,6 +147,8 @@ class DB(Background, WriteStalls):
         self._gc_queue = self._gc.queue  # read by the fast path: empty = no writer active
         self._rs: ReadState | None = None
         self._closing = False
+        self._closed = threading.Event()  # set when close() has released everything
+        self._closer: threading.Thread | None = None  # the thread running close()
         self._bg_error: BaseException | None = None
         # The failed state may be *recoverable*: a flush that failed with ENOSPC while the
         # manifest stayed writable (engine/background.py, "Full disk"). Writes are refused
@@ -227,15 +229,27 @@ class DB(Background, WriteStalls):
     def close(self) -> None:
         """Wait for background work in progress, sync the log, release files and the lock.
 
-        Idempotent. Later calls on this DB raise ClosedError (a scan still running may too).
+        Idempotent: a call while another thread's close() runs returns when that one has
+        released everything (the directory lock included), so the path can be opened again
+        at once. Later calls on this DB raise ClosedError (a scan still running may too).
         Raises StorageIOError if the final sync of the log fails (everything is released all
         the same): unsynced writes may then be lost by a machine crash.
         """
         with self._mu:
-            if self._closing:
-                return
+            closing = self._closing
             self._closing = True
             self._bg_cv.notify_all()
+        if closing:
+            if self._closer is not threading.current_thread():  # (not from inside a close)
+                self._closed.wait()
+            return
+        self._closer = threading.current_thread()
+        try:
+            self._close()
+        finally:
+            self._closed.set()
+
+    def _close(self) -> None:
         if self._pool is not None:
             # A job in a worker stops now (its files are removed below); one waiting for a
             # worker sees _closing and stops waiting (engine/background.py: Cancelled).
@@ -262,10 +276,8 @@ class DB(Background, WriteStalls):
             if not self._log_sync_failed:  # (a broken log: its records before the failed
                 _finish_log(log, self._log_broken)  # append were acknowledged: synced too)
         finally:
-            log.close()
-            self._manifest.close()
-            self._tables.close()
-            self._lock_file.release()
+            release_all(log.close, self._manifest.close, self._tables.close,
+                        self._lock_file.release)
 
     def __enter__(self) -> "DB":
         return self
@@ -645,8 +657,16 @@ class DB(Background, WriteStalls):
         old.close()
         self._log_broken = False
         self._log_sync_failed = False
-        self._mem.freeze()
-        self._frozen.insert(0, self._mem)
+        if len(self._mem):
+            self._mem.freeze()
+            self._frozen.insert(0, self._mem)
+        else:
+            # A log whose append failed before any write reached this memtable: it holds no
+            # acknowledged write (a write enters the memtable only once its record is in the
+            # log), so it is replaced alone. Frozen, the empty memtable's flush was a manifest
+            # edit with nothing to write, and a full disk failing that edit made the DB refuse
+            # writes until reopened, when space came back (session 20 review).
+            self._remove_file(filenames.log_file_name(self.path, self._mem.log_number))
         self._mem = MemTable(number)
         self._log = new_log
         self._publish()

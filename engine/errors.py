@@ -89,3 +89,18 @@ class ClosedError(SieveError):
 
 class LockedError(SieveError):
     """A data directory is locked by another process (or another DB in this process)."""
+
+
+def release_all(*steps) -> None:
+    """Call every one of ``steps`` (each releases something: a file, a lock) even when an
+    earlier one raised, then raise the first error. A close that stopped at its first failure
+    kept the rest: the directory lock stayed held until the process exited (session 20)."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 (re-raised below)
+            if first is None:
+                first = exc
+    if first is not None:
+        raise first

@@ -33,9 +33,10 @@ Only the thread that calls ``open`` runs the recovery, before the DB is shared.
 from __future__ import annotations
 
 import errno
+import threading
 
 from . import filenames
-from .errors import InvalidArgumentError, StorageIOError
+from .errors import InvalidArgumentError, StorageIOError, release_all
 from .manifest import Manifest
 from .memtable import MemTable
 from .recovery import RecoveredState, new_records
@@ -140,14 +141,18 @@ class ReadOnlyDB(DB):
         return True
 
     def close(self) -> None:
-        """Release the tables, the manifest and the lock; writes nothing. Idempotent."""
+        """Release the tables, the manifest and the lock; writes nothing. Idempotent: a call
+        while another thread's close() runs returns once that one has released everything."""
         with self._mu:
-            if self._closing:
-                return
+            closing = self._closing
             self._closing = True
             self._rs = None
+        if closing:
+            if self._closer is not threading.current_thread():
+                self._closed.wait()
+            return
+        self._closer = threading.current_thread()
         try:
-            self._manifest.close()
-            self._tables.close()
+            release_all(self._manifest.close, self._tables.close, self._lock_file.release)
         finally:
-            self._lock_file.release()
+            self._closed.set()

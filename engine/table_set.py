@@ -32,7 +32,7 @@ import logging
 import queue
 import threading
 
-from .errors import CorruptionError, StorageIOError
+from .errors import CorruptionError, StorageIOError, release_all
 from .filenames import table_file_name
 from .open_files import Headroom, soft_limit
 from .sstable import Table
@@ -244,8 +244,10 @@ class TableSet:
             self._tables.clear()
             self._refs.clear()
             self._obsolete.clear()
-        for t in tables:
-            self._close_table(t)
+        # Every table is closed and the releaser joined even if one close raises.
+        release_all(*(lambda t=t: self._close_table(t) for t in tables), self._stop_releaser)
+
+    def _stop_releaser(self) -> None:
         releaser = self._releaser
         if releaser is not None and releaser is not threading.current_thread():
             self._released.put(None)
