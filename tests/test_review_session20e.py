@@ -31,14 +31,15 @@ Checked and holding (plain tests below):
   prefixes of each other (k, k\\0, k\\0\\0), with and without a limit: every key once, in
   order.
 
-Findings (strict xfails):
+Findings (strict xfails until fixed; fixed in session 20, now a plain test):
 
 - Client calls with ``timeout=0`` are sent, and often applied (18 of 20 Puts here): router/
   client.py ``_call`` passes ``max(deadline - t0, 0.0)`` to gRPC, whose deadlines have
   millisecond granularity, although ``_check_timeout`` says 0 "is a deadline already
   passed" and ``timeout`` is "the call's whole budget". The same ``max(..., 0.0)`` sends
   multi_get's later chunks and a resumed scan after their deadline passed.
-  (test_a_timeout_of_zero_sends_nothing)
+  (test_a_timeout_of_zero_sends_nothing) Fixed: ``_time_left`` raises
+  DeadlineExceededError before sending once the deadline has passed.
 """
 
 from __future__ import annotations
@@ -523,8 +524,6 @@ def router_requests(cluster, method: str) -> float:
     return total
 
 
-@pytest.mark.xfail(strict=True, reason="Client sends a call whose timeout is 0 (its whole "
-                   "budget spent), and gRPC's ms-granular deadline often lets it apply")
 def test_a_timeout_of_zero_sends_nothing(cluster, client, model):
     """router/client.py: a timeout of 0 "is a deadline already passed" (_check_timeout), and
     ``timeout`` is "the call's whole budget". ``_call`` still sends the call, with
