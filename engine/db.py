@@ -102,7 +102,14 @@ def _finish_log(log: LogWriter, broken: bool) -> None:
     log.sync()
 
 class DB(Background, WriteStalls):
-    """An open sievekv database. Thread safe. Create with :meth:`open`."""
+    """An open sievekv database. Thread safe. Create with :meth:`open`.
+
+    Close it (:meth:`close`, or use it as a context manager): its flush and compaction
+    threads hold it, so a DB dropped without close() is not garbage-collected, and keeps its
+    threads, files and directory lock (another open of the path in this process raises
+    LockedError) until the process exits. A process that exits without close() loses
+    nothing acknowledged: the next open recovers as after a crash.
+    """
 
     # ------------------------------------------------------------------------------------
     # opening and closing
