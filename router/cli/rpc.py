@@ -43,6 +43,19 @@ def use_tls(args) -> None:
         _tls_flags[part] = f"${env}" if given is None and os.environ.get(env) else f"--tls-{part}"
     _tls_args[0] = args
     _tls_loaded.clear()
+    if args is not None and not any(_tls_paths.values()) and _takes_router(args):
+        # The first call will look for the local cluster's [tls] (_local_cluster_tls), which
+        # needs the config: one that cannot be loaded is a usage error now, --router or not
+        # (docs/cli.md), as for the commands that read it for other reasons. Until session 20
+        # the report commands dropped it there and went on.
+        from . import target
+
+        target.data_dir(args)
+
+
+def _takes_router(args) -> bool:
+    parser = getattr(args, "command_parser", None)
+    return parser is not None and any(a.dest == "router" for a in parser._actions)
 
 
 def _local_cluster_tls(args) -> None:
@@ -52,20 +65,15 @@ def _local_cluster_tls(args) -> None:
 
     if args is None:
         return
-    # A config that cannot be loaded is a usage error (exit 2) here too, --router or not
-    # (docs/cli.md); until session 20 it was dropped and the command went on without it.
-    directory = target.data_dir(args)
     try:
-        doc = cs.read_state(directory)
-    except cs.StateError:
+        doc = cs.read_state(target.data_dir(args))
+    except (cs.StateError, CliError):  # a bad config was refused by use_tls already
         return
     # A command that calls a router given by --router / $SIEVEKV_ROUTER uses the local
     # cluster's files only when it is that cluster's router (`export SIEVEKV_ROUTER=$(sievekv
     # cluster start -q)`); `cluster status` probes the local processes whatever it says.
-    parser = getattr(args, "command_parser", None)
-    takes_router = parser is not None and any(a.dest == "router" for a in parser._actions)
     router = getattr(args, "router", None) or os.environ.get("SIEVEKV_ROUTER")
-    if takes_router and router and router != doc.get("router_address"):
+    if _takes_router(args) and router and router != doc.get("router_address"):
         return
     t = doc.get("config", {}).get("tls") or {}
     if not t.get("cert") or not t.get("ca"):
