@@ -260,7 +260,8 @@ def test_a_full_disk_at_the_log_with_an_empty_memtable_recovers_when_space_retur
         wait_until(lambda: (db.stats()["failed"] is not None
                             or db.stats()["memtable"]["frozen"] == 0), "a flush try", 10)
         fs.fail_writes_with(None)  # space is back
-        deadline = time.monotonic() + 10  # retries come RETRY_FIRST_S apart
+        deadline = time.monotonic() + 60  # retries come RETRY_FIRST_S apart; liveness
+        # bound on a loaded 2-core machine, not a speed target
         last = None
         while time.monotonic() < deadline:
             try:
@@ -413,7 +414,7 @@ def test_a_worker_killed_or_stopped_mid_flush_loses_nothing(tmp_path, then):
         else:
             t0 = time.monotonic()
             db.close()
-            assert time.monotonic() - t0 < 10
+            assert time.monotonic() - t0 < 60  # liveness (a stopped worker waits for ever)
             t.join(60)
             assert out == ["closed"]
     finally:
