@@ -643,37 +643,58 @@ class DB(Background, WriteStalls):
                                  errno_=getattr(err, "errno", None), retryable=False) from err
 
     def _switch_memtable(self) -> None:
-        """Freeze the memtable, start a new one with a new log. REQUIRES: self._mu held."""
+        """Freeze the memtable, start a new one with a new log.
+
+        REQUIRES: self._mu held, by the group-commit leader (engine/write_stall.py is the
+        only caller, from a leader's ``prepare`` or a flush's solo ``commit``). The mutex is
+        released for the I/O (create the new log, sync the directory, end and fsync the old
+        log: ~2 ms, unbounded on a stuck disk), as ``_commit`` releases it: nothing it reads
+        can change meanwhile, since writers wait in the queue behind the leader (the
+        unsynced fast path needs an empty queue), and close() waits for the queue to empty.
+        So a write with a timeout gives up in the queue at its deadline instead of waiting
+        for the fsync on the mutex (session 20 review), and the flush and compaction threads
+        are not held up by it.
+        """
         number = self._manifest.new_file_number()
         path = filenames.log_file_name(self.path, number)
-        new_log = LogWriter(self._fs.open_writable(path))
-        try:
-            self._fs.sync_dir(self.path)  # synced writes in the new log need its name durable
-        except BaseException:
-            new_log.close()
-            self._fs.remove(path)
-            raise
         old = self._log
+        broken = self._log_broken
+        # A log whose append failed before any write reached this memtable holds no
+        # acknowledged write (a write enters the memtable only once its record is in the
+        # log): it is replaced alone, not frozen. Frozen, the empty memtable's flush was a
+        # manifest edit with nothing to write, and a full disk failing that edit made the DB
+        # refuse writes until reopened, when space came back (session 20 review).
+        empty = len(self._mem) == 0
+        mu = self._mu
+        failure = None
+        mu.release()
         try:
-            # Keep recovery a prefix: no older log may end unsynced. A broken log (failed
-            # append) is synced too: its earlier records were acknowledged, and a synced write
-            # in the new log must not survive a power loss that drops them.
-            _finish_log(old, self._log_broken)
-        except SieveError as exc:
-            self._set_bg_error(exc)
-        old.close()
+            new_log = LogWriter(self._fs.open_writable(path))
+            try:
+                self._fs.sync_dir(self.path)  # synced writes in the new log need its name durable
+            except BaseException:
+                new_log.close()
+                self._fs.remove(path)
+                raise
+            try:
+                # Keep recovery a prefix: no older log may end unsynced. A broken log (failed
+                # append) is synced too: its earlier records were acknowledged, and a synced
+                # write in the new log must not survive a power loss that drops them.
+                _finish_log(old, broken)
+            except SieveError as exc:
+                failure = exc
+            old.close()
+            if empty:
+                self._remove_file(filenames.log_file_name(self.path, self._mem.log_number))
+        finally:
+            mu.acquire()
+        if failure is not None:
+            self._set_bg_error(failure)
         self._log_broken = False
         self._log_sync_failed = False
-        if len(self._mem):
+        if not empty:
             self._mem.freeze()
             self._frozen.insert(0, self._mem)
-        else:
-            # A log whose append failed before any write reached this memtable: it holds no
-            # acknowledged write (a write enters the memtable only once its record is in the
-            # log), so it is replaced alone. Frozen, the empty memtable's flush was a manifest
-            # edit with nothing to write, and a full disk failing that edit made the DB refuse
-            # writes until reopened, when space came back (session 20 review).
-            self._remove_file(filenames.log_file_name(self.path, self._mem.log_number))
         self._mem = MemTable(number)
         self._log = new_log
         self._publish()

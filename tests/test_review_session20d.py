@@ -11,8 +11,8 @@ FaultInjectionFS subclass that parks one chosen file operation on an Event
 (:class:`HoldFS`), or a ``sys.settrace`` hold at the first call of a named function
 (:func:`run_held`). No engine part is mocked.
 
-Findings (strict xfails: each fails now and passes once fixed; session 20 fixed the
-first, third and fourth, now plain tests; the second stays a strict xfail):
+Findings (strict xfails at first; session 20 fixed the first, third and fourth, session 21
+the second: all are plain tests now):
 
 - close() is idempotent by returning at once when another thread's close() is still in
   progress (engine/db.py ``close``: ``if self._closing: return``): the caller is told the
@@ -21,7 +21,8 @@ first, third and fourth, now plain tests; the second stays a strict xfail):
 - A write's ``timeout`` is not honoured while a memtable switch holds the DB mutex:
   ``_switch_memtable`` creates the new log, fsyncs the directory and fsyncs the old log
   (``_finish_log``) with ``_mu`` held, and the fast path and ``GroupCommit.write`` acquire
-  ``_mu`` with no bound; a put(timeout=0.2) waits for the whole fsync.
+  ``_mu`` with no bound; a put(timeout=0.2) waits for the whole fsync. Fixed: the switch
+  releases the mutex for its I/O (the leader's queue holds the other writers back).
 - A full disk at the write-ahead log with an empty memtable becomes fatal: the failed
   append breaks the log, the next write switches memtables and freezes the empty one, its
   "flush" writes no table and only a manifest edit, which hits the full disk, and a failed
@@ -204,9 +205,9 @@ def test_a_close_racing_another_close_returns_only_once_the_db_is_closed(tmp_pat
 # ---------------------------------------------------------------------------------------------
 # Finding: a write's timeout is not honoured while a memtable switch fsyncs under the mutex
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="engine/db.py _switch_memtable fsyncs the old log with "
-                   "_mu held; a put(timeout=0.2) waits for the whole fsync. Known, not fixed "
-                   "in session 20: the fix moves the switch's I/O out of the DB mutex")
+# Fixed in session 21 (was a strict xfail): engine/db.py _switch_memtable fsynced the old log
+# with _mu held, so a put(timeout=0.2) waited for the whole fsync on the mutex. The switch now
+# releases the mutex for its I/O; the write gives up in the queue at its deadline.
 def test_a_timed_write_does_not_wait_past_its_timeout_for_a_switch_fsync(tmp_path):
     fs = HoldFS()
     db = DB.open(str(tmp_path / "db"), fs=fs, disable_auto_compactions=True)
