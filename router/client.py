@@ -102,6 +102,23 @@ def _mutation(m) -> pb.Mutation:
                        value=_check_bytes(value, "each value (None to delete)"))
 
 
+def _varint_size(n: int) -> int:
+    """Bytes of ``n`` as a protobuf varint."""
+    return (n.bit_length() + 6) // 7 or 1
+
+
+def _mutation_size(key: bytes, value: bytes | None) -> int:
+    """Bytes one Mutation adds to an encoded WriteRequest (field 1, length-delimited): the
+    WriteBatcher bounds the request it sends, not only its keys and values. Fields as
+    proto/sievekv.proto: key = 1, value = 2 (absent when empty), is_delete = 3."""
+    body = 1 + _varint_size(len(key)) + len(key)
+    if value is None:
+        body += 2
+    elif value:
+        body += 1 + _varint_size(len(value)) + len(value)
+    return 1 + _varint_size(body) + body
+
+
 MAX_TIMEOUT = 1e6
 """Longest timeout accepted, in seconds: gRPC deadlines overflow near 9.2e9 s (every call then
 fails at once with DEADLINE_EXCEEDED)."""
@@ -381,7 +398,9 @@ class Client:
 
     def batch(self, *, max_mutations: int = 1000, max_bytes: int = 1 << 20,
               sync: bool | None = None, timeout: float | None = None) -> "WriteBatcher":
-        """A :class:`WriteBatcher` sending Writes of at most ``max_mutations``/``max_bytes``."""
+        """A :class:`WriteBatcher` sending Writes of at most ``max_mutations`` mutations and
+        ``max_bytes`` bytes of encoded mutations (keys, values and protobuf framing, a few
+        bytes each; a single mutation larger than that is sent alone)."""
         _check_int(max_mutations, "max_mutations", 1)
         _check_int(max_bytes, "max_bytes", 1)
         if timeout is not None:
@@ -460,10 +479,10 @@ class WriteBatcher:
         """Queue a put (``value`` bytes; None is refused, use :meth:`delete`)."""
         _check_bytes(key, "key")
         _check_bytes(value, "value")
-        self._add(key, value, len(key) + len(value))
+        self._add(key, value, _mutation_size(key, value))
 
     def delete(self, key: bytes) -> None:
-        self._add(_check_bytes(key, "key"), None, len(key))
+        self._add(_check_bytes(key, "key"), None, _mutation_size(key, None))
 
     def _add(self, key, value, size) -> None:
         if self.pending and (len(self.pending) >= self.max_mutations or self.size + size > self.max_bytes):

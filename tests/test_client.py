@@ -1,6 +1,7 @@
 """The client library against an in-process fault-injecting server: bounded retries of reads
 only, scan resumption, error classes, the write batcher."""
 
+import random
 import time
 from concurrent import futures
 
@@ -169,9 +170,10 @@ def test_write_batcher_bounds_each_write(server):
             for i in range(25):
                 b.put(b"k%02d" % i, b"v")
             b.delete(b"a")
-            b.put(b"big", b"x" * 990)  # 6 pending (21 bytes) + 993 > 1000: a new Write
+            b.put(b"big", b"x" * 990)  # 6 pending (57 bytes encoded) + 1001 > 1000: a new Write
         sizes = [len(r.mutations) for r in kv.calls["Write"]]
         assert sizes == [10, 10, 6, 1]
+        assert kv.calls["Write"][2].ByteSize() == 57
         assert sum(r.mutations for r in b.results) == 27
         assert b"a" not in kv.data and kv.data[b"k24"] == b"v"
         kv.calls.clear()
@@ -180,6 +182,27 @@ def test_write_batcher_bounds_each_write(server):
                 b.put(b"never", b"sent")
                 raise RuntimeError("caller failed")
         assert "Write" not in kv.calls  # a failed block sends nothing
+
+
+def test_write_batcher_bounds_the_encoded_write_not_only_keys_and_values(server):
+    """max_bytes bounds the request sent: with keys and values alone counted, 1,000 puts of a
+    1-byte key and value (2 bytes each) fit a 2,000-byte bound and encoded to 7,000 bytes."""
+    kv, address = server
+    rng = random.Random(7)
+    with Client(address) as c:
+        with c.batch(max_mutations=10**6, max_bytes=2000) as b:
+            for i in range(3000):
+                n = rng.choice((1, 2, 100, 127, 128, 200, 1000))
+                key = b"%d" % i
+                if rng.random() < 0.2:
+                    b.delete(key)
+                else:
+                    b.put(key, b"v" * rng.choice((0, n)))
+    writes = kv.calls["Write"]
+    assert sum(len(r.mutations) for r in writes) == 3000
+    assert len(writes) > 1
+    assert all(r.ByteSize() <= 2000 for r in writes), max(r.ByteSize() for r in writes)
+    assert max(r.ByteSize() for r in writes) > 1500  # filled, not split early
 
 
 def test_reads_are_retried_on_a_cancelled_the_client_did_not_cause(server):
