@@ -130,13 +130,26 @@ class RouterKV:
                                                             shard.reads, context)))
             found = [False] * len(keys)
             values = [b""] * len(keys)
-            for idx, positions, future in calls:
+            # Each shard keeps its own part under the message limit; the merged answer is
+            # checked here as parts arrive, so that one over it is refused with the limit
+            # named (as a shard names it) and the parts still coming are cancelled, instead
+            # of gathering them all for gRPC to refuse the send.
+            limit = self.limits.max_message_bytes
+            left = limit
+            for answered, (idx, positions, future) in enumerate(calls, 1):
                 try:
                     response = future.result()
                 except grpc.RpcError as exc:
                     raise self.shards[idx].error(exc) from None
                 except grpc.FutureCancelledError:
                     raise StatusError(grpc.StatusCode.CANCELLED, "cancelled by the client") from None
+                left -= sum(map(len, response.values))
+                if left < 0:
+                    raise StatusError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the values found exceed the message limit of {limit} bytes "
+                        f"({limit - left} bytes for {len(keys)} keys, from {answered} of "
+                        f"{len(calls)} shards' parts); ask for fewer keys at a time")
                 for i, f, v in zip(positions, response.found, response.values):
                     found[i] = f
                     values[i] = v

@@ -54,10 +54,11 @@ import grpc
 import pytest
 
 from router import client_errors as errors
+from router.cli.exit_codes import USAGE, code_for_grpc
 from router.client import Client
 from router.cluster_map import load as load_map
 from router.slots import slot_of
-from shard.limits import DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES
+from shard.limits import DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, Limits
 from sievekv_proto import sievekv_pb2 as pb
 from sievekv_proto import sievekv_pb2_grpc as pbg
 
@@ -243,6 +244,12 @@ def test_merged_multi_get_over_the_message_limit(cluster, client, stub, model):
         with pytest.raises(grpc.RpcError) as info:
             stub.MultiGet(pb.MultiGetRequest(keys=keys), timeout=30)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # The router's own refusal, naming the limit (session 21), not gRPC's send failure;
+        # "values found exceed" is what the CLI reads as a size limit (exit 2, not busy).
+        assert info.value.details().startswith(
+            f"the values found exceed the message limit of {Limits().max_message_bytes} "
+            f"bytes"), info.value.details()
+        assert code_for_grpc(info.value.code(), info.value.details()) == USAGE
         out = client.multi_get(keys + keys[:1], timeout=30)
         assert [len(v) for v in out] == [len(big)] * 4 and all(v == big for v in out)
     finally:
