@@ -667,6 +667,7 @@ class DB(Background, WriteStalls):
         empty = len(self._mem) == 0
         mu = self._mu
         failure = None
+        close_failed = False
         mu.release()
         try:
             new_log = LogWriter(self._fs.open_writable(path))
@@ -683,11 +684,20 @@ class DB(Background, WriteStalls):
                 _finish_log(old, broken)
             except SieveError as exc:
                 failure = exc
-            old.close()
+            try:
+                old.close()
+            except SieveError:
+                # close(2) frees the descriptor even when it reports an error (EIO on NFS):
+                # the switch goes on. After a good fsync the records are durable; after a
+                # failed one the DB enters its failed state below either way (review 21:
+                # raising here lost the fsync's failure, and left the closed log current).
+                close_failed = True
             if empty:
                 self._remove_file(filenames.log_file_name(self.path, self._mem.log_number))
         finally:
             mu.acquire()
+        if close_failed:
+            self.counters.log_errors += 1
         if failure is not None:
             self._set_bg_error(failure)
         self._log_broken = False

@@ -79,6 +79,8 @@ class WritableFile:
                 self.size += n
         except OSError as exc:
             raise _io_error(exc, "write", self.path) from exc
+        except ValueError:  # the descriptor is -1: closed
+            raise self._closed_error("write") from None
         c = self._fs.counters
         c.write_calls += 1
         c.bytes_written += len(data)
@@ -97,7 +99,7 @@ class WritableFile:
             return
         try:
             os.posix_fadvise(self._fd, offset, length, _FADV_DONTNEED)
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: closed)
             pass
 
     def flush(self) -> None:
@@ -108,13 +110,22 @@ class WritableFile:
             os.fsync(self._fd)
         except OSError as exc:
             raise _io_error(exc, "fsync", self.path) from exc
+        except ValueError:  # the descriptor is -1: closed
+            raise self._closed_error("fsync") from None
         self._fs.counters.syncs += 1
 
+    def _closed_error(self, op: str) -> StorageIOError:
+        return _io_error(OSError(errno.EBADF, f"{op} on a closed file"), op, self.path)
+
     def close(self) -> None:
+        """Close the file (idempotent). The descriptor is gone even if close reports an error:
+        later appends and syncs fail with EBADF instead of reaching whichever file reuses
+        its number (review 21: a closed log's fsync "succeeded" on the next log)."""
         if not self.closed:
             self.closed = True
+            fd, self._fd = self._fd, -1
             try:
-                os.close(self._fd)
+                os.close(fd)
             except OSError as exc:
                 raise _io_error(exc, "close", self.path) from exc
 

@@ -9,6 +9,7 @@ import pytest
 
 from engine.errors import LockedError, StorageIOError
 from engine.faultfs import FaultInjectionFS, InjectedCrash
+from engine.vfs import FileSystem
 
 
 @pytest.fixture
@@ -259,3 +260,24 @@ def test_crash_releases_locks(fs, tmp_path):
         fs.lock(lock_path)
     fs.crash()
     fs.lock(lock_path).release()
+
+
+@pytest.mark.parametrize("kind", ["posix", "fault"])
+def test_a_closed_writable_file_never_reaches_the_file_that_reuses_its_descriptor(tmp_path, kind):
+    """Session 21 review: after close (even one that reports an error) the descriptor
+    number may belong to the next file opened; append and sync must fail, not act on it."""
+    fs = FileSystem() if kind == "posix" else FaultInjectionFS(seed=1)
+    a = fs.open_writable(str(tmp_path / "a"))
+    a.append(b"x")
+    a.close()
+    b = fs.open_writable(str(tmp_path / "b"))  # usually takes a's old descriptor number
+    try:
+        with pytest.raises(StorageIOError):
+            a.sync()
+        with pytest.raises(StorageIOError):
+            a.append(b"into b?")
+        b.append(b"b")
+    finally:
+        b.close()
+    assert open(tmp_path / "b", "rb").read() == b"b"
+    assert open(tmp_path / "a", "rb").read() == b"x"

@@ -29,8 +29,10 @@ FaultInjectionFS that parks one file operation; no engine part is mocked):
   ran before ``old.close()``). Worse, the next switch ends that closed log with
   ``sync_what_was_written()``, an fsync of its file descriptor number, which the new log just
   opened has usually taken over: the fsync "succeeds" on the wrong file (seen in a run: the
-  DB went on with no error at all). Strict xfail below; it passes on HEAD~1 and with the fix
-  (``_set_bg_error(failure)`` moved into the ``finally`` after ``mu.acquire()``).
+  DB went on with no error at all). A strict xfail at first; fixed in session 21, now a plain
+  test: a failed close is counted (``log_errors``) and the switch goes on, the fsync's
+  failure still fails the DB, and a closed WritableFile's descriptor is -1 (engine/vfs.py),
+  so nothing reaches a file that reused its number.
 - A power loss at each mutating operation of the switch (drop and torn): every synced write
   is recovered and what is recovered is a prefix of the writes.
 - The flush thread now runs during the window: it flushes an older frozen memtable, writes
@@ -138,13 +140,11 @@ def _reopened(path: str, keys) -> list:
 # ---------------------------------------------------------------------------------------------
 # Finding: a failing close of the old log drops the failed fsync before it
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/db.py _switch_memtable: the old log's fsync failure is kept in `failure` and handed "
-    "to _set_bg_error only after old.close() returned; when close raises too (EIO, as on NFS) "
-    "it is dropped: the DB is not in its failed state and acknowledges synced writes again "
-    "after a failed fsync of a log holding acknowledged writes. Before session 21 "
-    "_set_bg_error ran before old.close(). Fix: set the error in the finally, after "
-    "mu.acquire(), or before re-raising close's error"))
+# Fixed in session 21 (was a strict xfail): engine/db.py _switch_memtable kept the old log's
+# fsync failure in `failure` and handed it to _set_bg_error only after old.close() returned;
+# when close raised too (EIO, as on NFS) it was dropped, the closed log stayed current, and a
+# later switch's fsync of its descriptor number reached the next log. Now a failed close
+# is counted and the switch goes on; a closed WritableFile's descriptor is -1 (engine/vfs.py).
 def test_a_failed_fsync_of_the_old_log_fails_the_db_even_if_closing_it_fails_too(tmp_path):
     path = str(tmp_path / "db")
     fs = SyncFailFS()
