@@ -27,7 +27,9 @@ given a ``timeout`` gives up with WriteStalledError, nothing applied, rather tha
 (the shard passes what is left of the call's deadline; engine/group_commit.py, "Deadlines").
 
 Unsynced writes take a fast path when no other writer is active: they are logged and applied
-under the mutex without entering the group-commit queue.
+under the mutex without entering the group-commit queue. The group-commit leader releases the
+mutex for its I/O (the log append and fsync, and a memtable switch's new log, directory sync
+and old log's fsync): the writers behind it wait in the queue, where a write's timeout holds.
 
 Reads take no lock: they read ``self._rs``, an immutable :class:`engine.read_state.ReadState`
 replaced whenever the memtable is frozen or a new version is installed.
