@@ -65,6 +65,8 @@ class _FaultWritableFile(WritableFile):
         self._generation = fs._generation
 
     def append(self, data) -> None:
+        if self.closed:  # EBADF, as the real call
+            return super().append(data)
         fs: FaultInjectionFS = self._fs  # type: ignore[assignment]
         with fs._mu:
             fs._check_file(self)
@@ -90,6 +92,8 @@ class _FaultWritableFile(WritableFile):
             super().append(data)
 
     def sync(self) -> None:
+        if self.closed:  # EBADF, as the real call: no fault of this layer reaches the file
+            return super().sync()
         fs: FaultInjectionFS = self._fs  # type: ignore[assignment]
         with fs._mu:
             fs._check_file(self)

@@ -49,6 +49,7 @@ from sievekv_proto import sievekv_pb2_grpc as pbg
 from . import client_errors as errors
 from .admin_servicer import ADMIN_RESULT_TRAILER
 from .kv_servicer import WRITE_RESULT_TRAILER
+from .wire_sizes import SYNC_FIELD_BYTES, delete_bytes, mutation_bytes
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 RETRYABLE = (UNAVAILABLE, grpc.StatusCode.CANCELLED)
@@ -100,23 +101,6 @@ def _mutation(m) -> pb.Mutation:
         return pb.Mutation(key=_check_bytes(key, "each key"), is_delete=True)
     return pb.Mutation(key=_check_bytes(key, "each key"),
                        value=_check_bytes(value, "each value (None to delete)"))
-
-
-def _varint_size(n: int) -> int:
-    """Bytes of ``n`` as a protobuf varint."""
-    return (n.bit_length() + 6) // 7 or 1
-
-
-def _mutation_size(key: bytes, value: bytes | None) -> int:
-    """Bytes one Mutation adds to an encoded WriteRequest (field 1, length-delimited): the
-    WriteBatcher bounds the request it sends, not only its keys and values. Fields as
-    proto/sievekv.proto: key = 1, value = 2 (absent when empty), is_delete = 3."""
-    body = 1 + _varint_size(len(key)) + len(key)
-    if value is None:
-        body += 2
-    elif value:
-        body += 1 + _varint_size(len(value)) + len(value)
-    return 1 + _varint_size(body) + body
 
 
 MAX_TIMEOUT = 1e6
@@ -399,8 +383,8 @@ class Client:
     def batch(self, *, max_mutations: int = 1000, max_bytes: int = 1 << 20,
               sync: bool | None = None, timeout: float | None = None) -> "WriteBatcher":
         """A :class:`WriteBatcher` sending Writes of at most ``max_mutations`` mutations and
-        ``max_bytes`` bytes of encoded mutations (keys, values and protobuf framing, a few
-        bytes each; a single mutation larger than that is sent alone)."""
+        ``max_bytes`` bytes as an encoded WriteRequest (keys, values, protobuf framing and the
+        sync flag: router/wire_sizes.py; a single mutation larger than that is sent alone)."""
         _check_int(max_mutations, "max_mutations", 1)
         _check_int(max_bytes, "max_bytes", 1)
         if timeout is not None:
@@ -472,20 +456,23 @@ class WriteBatcher:
         self.sync = sync
         self.timeout = timeout
         self.pending: list[tuple[bytes, bytes | None]] = []
-        self.size = 0
+        self.size = 0  # encoded bytes of the pending mutations
+        # What every Write adds besides its mutations: the sync flag, when set.
+        self._fixed = SYNC_FIELD_BYTES if sync is not None else 0
         self.results: list[errors.ShardWrite] = []
 
     def put(self, key: bytes, value: bytes) -> None:
         """Queue a put (``value`` bytes; None is refused, use :meth:`delete`)."""
         _check_bytes(key, "key")
         _check_bytes(value, "value")
-        self._add(key, value, _mutation_size(key, value))
+        self._add(key, value, mutation_bytes(len(key), len(value)))
 
     def delete(self, key: bytes) -> None:
-        self._add(_check_bytes(key, "key"), None, _mutation_size(key, None))
+        self._add(_check_bytes(key, "key"), None, delete_bytes(len(key)))
 
     def _add(self, key, value, size) -> None:
-        if self.pending and (len(self.pending) >= self.max_mutations or self.size + size > self.max_bytes):
+        if self.pending and (len(self.pending) >= self.max_mutations
+                             or self._fixed + self.size + size > self.max_bytes):
             self.flush()
         self.pending.append((key, value))
         self.size += size

@@ -158,7 +158,11 @@ class RouterKV:
                 future.cancel()
             for idx in taken[len(calls):]:  # slots taken for calls never made
                 self.shards[idx].reads.release(False)
-        return pb.MultiGetResponse(found=found, values=values)
+        response = pb.MultiGetResponse(found=found, values=values)
+        problem = self.limits.multi_get_answer_problem(response, limit - left)
+        if problem is not None:
+            raise StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
+        return response
 
     def _acquire_all(self, order: list[int], context, write: bool) -> list[int]:
         """A call slot of each shard in ``order`` (ascending shard index, the same order in

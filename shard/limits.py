@@ -28,6 +28,12 @@ MAX_VALUE_BYTES_LIMIT = GRPC_MAX_MESSAGE_BYTES - MESSAGE_SLACK_BYTES
 """The largest ``max_value_bytes`` whose message limit gRPC can represent (2 GiB - 1 MiB - 1)."""
 
 
+# What a MultiGetResponse adds to its values, at most (proto/sievekv.proto): per key a packed
+# ``found`` byte, a value's tag byte and a varint length (5 bytes up to 32 GiB); once, the
+# ``found`` field's tag and varint length.
+_FRAMING_PER_KEY = 7
+_FRAMING_BASE = 16
+
 VALUE_LIMIT_SETTING = "(--max-value-bytes; max_value_size under [limits] in a cluster config)"
 """Where the value limit is set, as the messages about it say: a shard's or router's flag, or a
 cluster config (router/config.py, which passes it on as the flag)."""
@@ -86,6 +92,23 @@ class Limits:
         if len(bound) > self.max_key_bytes:
             raise InvalidArgumentError(
                 f"{what} is {len(bound)} bytes, over the key limit of {self.max_key_bytes} bytes")
+
+    def multi_get_answer_problem(self, response, values_bytes: int) -> str | None:
+        """None if ``response`` (a MultiGetResponse whose values add up to ``values_bytes``)
+        fits a message, else the refusal's message, in the words the CLI reads as a size
+        limit ("values found exceed"; router/cli/exit_codes.py). The values alone may fit
+        and their encoding not (a tag and a varint length per value, a ``found`` byte per
+        key: review 21b), which gRPC would refuse to send as "Sent message larger than max".
+        Cheap unless near the limit: only then is the exact size (``ByteSize``) computed."""
+        limit = self.max_message_bytes
+        n = len(response.values)
+        if values_bytes + _FRAMING_PER_KEY * n + _FRAMING_BASE <= limit:
+            return None
+        size = response.ByteSize()
+        if size <= limit:
+            return None
+        return (f"the values found exceed the message limit of {limit} bytes once encoded "
+                f"({size} bytes for {n} keys); ask for fewer keys at a time")
 
     def grpc_options(self) -> list[tuple[str, int]]:
         """Channel/server options setting both message limits to ``max_message_bytes``."""

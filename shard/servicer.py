@@ -98,8 +98,13 @@ class KVServicer:
                 check(key)
         # The values alone may not exceed the message limit: stop before building more.
         values = self.db.multi_get(keys, max_bytes=self.limits.max_message_bytes)
-        return pb.MultiGetResponse(found=[v is not None for v in values],
-                                   values=[b"" if v is None else v for v in values])
+        found = [v is not None for v in values]
+        values = [b"" if v is None else v for v in values]
+        response = pb.MultiGetResponse(found=found, values=values)
+        problem = self.limits.multi_get_answer_problem(response, sum(map(len, values)))
+        if problem is not None:
+            raise StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
+        return response
 
     def Write(self, request, context):
         limits = self.limits

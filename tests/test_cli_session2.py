@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from router.cli import app
 from router.cli.exit_codes import OK, UNREACHABLE, USAGE
-from router.cli.sizes import mutation_bytes, put_request_bytes, record_problem, value_over_limit
+from router.cli.sizes import mutation_bytes, record_problem, value_over_limit
+from router.wire_sizes import put_request_bytes
 from router.config import default_config_text
 from shard.limits import VALUE_LIMIT_SETTING, Limits
 from sievekv_proto import sievekv_pb2 as pb

@@ -9,8 +9,10 @@ Checked and holding (plain tests below):
   decides): values totalling L + 1 are refused by the router's own check (RESOURCE_EXHAUSTED,
   "the values found exceed the message limit of 1049600 bytes", CLI exit 2); values totalling
   exactly L pass that values-only check, but their encoded answer (framing: 1 found byte and
-  3 bytes of tag/length per value) is over L, so gRPC refuses the send: still
-  RESOURCE_EXHAUSTED, its "Sent message larger than max" also CLI exit 2; an answer whose
+  3 bytes of tag/length per value) is over L, so gRPC refused the send: still
+  RESOURCE_EXHAUSTED, its "Sent message larger than max" also CLI exit 2 (a third finding,
+  reported as holding; since session 21 the router and the shard check the encoded size
+  near the limit and refuse in their own words); an answer whose
   *encoding* is exactly L is sent whole, one byte more is RESOURCE_EXHAUSTED. In all four
   cases Client.multi_get returns the whole answer, in order (halving); the same for one
   shard's answer passed through (1025 x 1 KiB values = L: gRPC's refusal; 1026: the shard's
@@ -35,7 +37,7 @@ Checked and holding (plain tests below):
   switch and a DB close/reopen with a switch in between work as before (the writers they
   close are never used afterwards).
 
-Findings (strict xfails: fail now, pass once fixed):
+Findings (strict xfails at first; all fixed in session 21, now plain tests):
 
 - WriteBatcher does not count the WriteRequest's ``sync`` field (2 bytes when sync is True or
   False): with ``sync=True`` and ``max_bytes`` set to the message limit (the use its commit
@@ -48,6 +50,9 @@ Findings (strict xfails: fail now, pass once fixed):
   ``garbled``) before the real fsync fails with EBADF: the fault layer mutates a file the
   call never reached, as a real closed descriptor cannot.
   (test_faultfs_sync_of_a_closed_file_garbles_nothing)
+- (fixed with them) at exactly L of values, the router and a shard passed the values-only
+  check and gRPC refused the send: both now check the encoded size near the limit
+  (shard/limits.py ``multi_get_answer_problem``).
 """
 
 from __future__ import annotations
@@ -201,17 +206,17 @@ def test_merged_values_one_byte_over_the_limit_are_refused_by_the_router(cluster
     assert client.multi_get(keys) == want
 
 
-def test_merged_values_exactly_at_the_limit_encode_over_it_and_grpc_refuses(cluster, client,
-                                                                             stub, fill):
-    """The router's check counts values only (as the shard's does): values of exactly L pass
-    it, their framing does not fit; gRPC refuses the send, still RESOURCE_EXHAUSTED, still
-    read by the CLI as a size limit."""
+def test_merged_values_exactly_at_the_limit_encode_over_it_and_the_router_says_so(
+        cluster, client, stub, fill):
+    """Values of exactly L pass the router's values-only check as parts arrive, but their
+    framing does not fit: found at the end (ByteSize near the limit; session 21, after this
+    review), the router's own refusal, not gRPC's "Sent message larger than max"."""
     keys, want = request_with_values_total(cluster, client, fill, LIMIT, b"at")
     assert encoded(want) > LIMIT
     exc = refused(stub, keys)
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
-    assert "values found exceed" not in exc.details()
-    assert "larger than max" in exc.details()
+    assert exc.details().startswith(
+        f"the values found exceed the message limit of {LIMIT} bytes once encoded"), exc.details()
     assert code_for_grpc(exc.code(), exc.details()) == USAGE
     assert client.multi_get(keys) == want
 
@@ -260,8 +265,9 @@ def test_one_shards_answer_at_and_over_the_limit(cluster, client, stub, fill, n)
     exc = refused(stub, keys)
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
     assert code_for_grpc(exc.code(), exc.details()) == USAGE, exc.details()
-    if n == 1026:
-        assert "values found exceed" in exc.details()
+    # 1025: the values fit, their encoding not: the shard's own refusal since session 21
+    # (was gRPC's "Sent message larger than max"); 1026: the engine's values-only check.
+    assert "values found exceed" in exc.details(), exc.details()
     assert client.multi_get(keys) == [data[k] for k in keys]
 
 
@@ -422,10 +428,7 @@ def test_write_batcher_at_exactly_the_message_limit_is_accepted(cluster, client)
     assert client.multi_get(keys) == [v for _, v in put]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WriteBatcher does not count the WriteRequest's sync field (2 bytes when sync is set): a "
-    "batch of exactly max_bytes of mutations is sent as max_bytes + 2 bytes, over the message "
-    "limit it was sized to (the CLI's load counts SYNC_FIELD_BYTES)"))
+# Fixed in session 21 (was a strict xfail): the batcher counts the sync field.
 def test_write_batcher_with_sync_stays_within_max_bytes(cluster, client):
     # Mutations that encode to exactly max_bytes (chosen with a batcher that sends nothing).
     put = fill_to_exactly(client.batch(max_mutations=100_000, max_bytes=LIMIT), b"syn/", LIMIT)
@@ -458,9 +461,7 @@ def test_a_closed_writable_file_refuses_append_and_sync_with_ebadf(tmp_path, kin
         assert fh.read() == b"abc"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FaultInjectionFS garbles the file (and lists it in garbled) before the closed file's "
-    "fsync fails with EBADF: the fault layer changes a file the call never reached"))
+# Fixed in session 21 (was a strict xfail): a closed file's sync reaches no fault.
 def test_faultfs_sync_of_a_closed_file_garbles_nothing(tmp_path):
     fs = FaultInjectionFS(seed=4)
     path = str(tmp_path / "t")

@@ -7,9 +7,10 @@ at most ``max_value_bytes`` (the cluster's ``[limits] max_value_size``), message
 ``max_message_bytes`` = value limit + 1 MiB. :func:`cluster_limits` says where the CLI learns
 the value limit (router/cli/target.py: the state file, else the config).
 
-The byte counts are the protobuf encoding of sievekv.v1 ``PutRequest`` / ``WriteRequest``
-(field tag, varint length, payload; an empty ``bytes`` field is not written), so a batch can
-be cut before it outgrows the message limit. Pure functions, thread-safe.
+The byte counts (router/wire_sizes.py, shared with the client library; SYNC_FIELD_BYTES and
+mutation_bytes are re-exported here) are the protobuf encoding of sievekv.v1 ``PutRequest`` /
+``WriteRequest``, so a batch can be cut before it outgrows the message limit. Pure functions,
+thread-safe.
 
 >>> mutation_bytes(3, 5)  # a Mutation(key=3 bytes, value=5 bytes) inside a WriteRequest
 14
@@ -20,40 +21,13 @@ from __future__ import annotations
 from engine.errors import InvalidArgumentError
 from shard.limits import VALUE_LIMIT_SETTING, Limits
 
-# A WriteRequest's / PutRequest's optional ``sync`` flag: one tag byte and one value byte.
-SYNC_FIELD_BYTES = 2
-
+from ..wire_sizes import SYNC_FIELD_BYTES, mutation_bytes
 
 def cluster_limits(args) -> Limits:
     """The limits of the cluster the command talks to (target.max_value_size)."""
     from . import target
 
     return Limits(max_value_bytes=target.max_value_size(args))
-
-
-def varint_bytes(n: int) -> int:
-    """Bytes of ``n`` (>= 0) as a protobuf varint."""
-    size = 1
-    while n >= 0x80:
-        n >>= 7
-        size += 1
-    return size
-
-
-def _field_bytes(payload: int) -> int:
-    """A length-delimited field (tag < 16) carrying ``payload`` bytes; 0 if empty."""
-    return 1 + varint_bytes(payload) + payload if payload else 0
-
-
-def mutation_bytes(key_len: int, value_len: int) -> int:
-    """Bytes one put (``Mutation{key, value}``) adds to a ``WriteRequest``, framing included."""
-    return 1 + varint_bytes(m := _field_bytes(key_len) + _field_bytes(value_len)) + m
-
-
-def put_request_bytes(key_len: int, value_len: int, sync: bool | None = None) -> int:
-    """Bytes of ``PutRequest{key, value, sync}``."""
-    return (_field_bytes(key_len) + _field_bytes(value_len)
-            + (SYNC_FIELD_BYTES if sync is not None else 0))
 
 
 def value_over_limit(value_len: int, limits: Limits) -> str:

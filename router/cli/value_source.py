@@ -23,7 +23,8 @@ from shard.limits import Limits
 
 from .codec import decode
 from .exit_codes import USAGE, CliError
-from .sizes import put_request_bytes, value_over_limit
+from ..wire_sizes import put_request_bytes
+from .sizes import value_over_limit
 
 STDIN = "-"
 CHUNK = 1 << 20
