@@ -14,6 +14,7 @@ The shards serve the real engine.DB (``python -m shard``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -268,6 +269,22 @@ class Cluster:
         from router.client import Client
 
         return Client(self.router.address, **kw)
+
+    @contextlib.contextmanager
+    def unlimited_kv_stub(self):
+        """A raw KV stub at the router with no message limits of its own, so that only the
+        servers decide what is too large; its channel is closed on exit."""
+        import grpc
+
+        from sievekv_proto import sievekv_pb2_grpc as pbg
+
+        ch = grpc.insecure_channel(self.router.address,
+                                   options=[("grpc.max_receive_message_length", -1),
+                                            ("grpc.max_send_message_length", -1)])
+        try:
+            yield pbg.KVStub(ch)
+        finally:
+            ch.close()
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,6 @@ from router.cluster_map import load as load_map
 from router.slots import slot_of
 from shard.limits import DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, Limits
 from sievekv_proto import sievekv_pb2 as pb
-from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .conftest import (Cluster, ProcRegistry, free_port, sigstop, start_router_process,
                        start_shard_process, wait_until, write_cluster_map)
@@ -100,13 +99,8 @@ def client(cluster):
 
 @pytest.fixture(scope="module")
 def stub(cluster):
-    ch = grpc.insecure_channel(cluster.router.address,
-                               options=[("grpc.max_receive_message_length", -1),
-                                        ("grpc.max_send_message_length", -1)])
-    try:
-        yield pbg.KVStub(ch)
-    finally:
-        ch.close()
+    with cluster.unlimited_kv_stub() as stub:
+        yield stub
 
 
 @pytest.fixture(scope="module")

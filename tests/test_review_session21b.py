@@ -73,7 +73,6 @@ from router.client import Client, _mutation
 from router.cluster_map import load as load_map
 from shard.limits import Limits
 from sievekv_proto import sievekv_pb2 as pb
-from sievekv_proto import sievekv_pb2_grpc as pbg
 
 from .conftest import (Cluster, ProcRegistry, open_test_db, start_router_process,
                        start_shard_process, wait_until, write_cluster_map)
@@ -119,13 +118,8 @@ def client(cluster):
 
 @pytest.fixture(scope="module")
 def stub(cluster):
-    ch = grpc.insecure_channel(cluster.router.address,
-                               options=[("grpc.max_receive_message_length", -1),
-                                        ("grpc.max_send_message_length", -1)])
-    try:
-        yield pbg.KVStub(ch)
-    finally:
-        ch.close()
+    with cluster.unlimited_kv_stub() as stub:
+        yield stub
 
 
 def keys_on(cluster, shard: int, n: int, prefix: bytes) -> list[bytes]:
