@@ -71,6 +71,8 @@ class WritableFile:
         self.closed = False
 
     def append(self, data) -> None:
+        if self.closed:  # (an empty append too: os.write is never reached for it)
+            raise self._closed_error("write")
         mv = memoryview(data)
         try:
             while mv:
@@ -79,8 +81,6 @@ class WritableFile:
                 self.size += n
         except OSError as exc:
             raise _io_error(exc, "write", self.path) from exc
-        except ValueError:  # the descriptor is -1: closed
-            raise self._closed_error("write") from None
         c = self._fs.counters
         c.write_calls += 1
         c.bytes_written += len(data)

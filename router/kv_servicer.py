@@ -130,10 +130,11 @@ class RouterKV:
                                                             shard.reads, context)))
             found = [False] * len(keys)
             values = [b""] * len(keys)
-            # Each shard keeps its own part under the message limit; the merged answer is
-            # checked here as parts arrive, so that one over it is refused with the limit
-            # named (as a shard names it) and the parts still coming are cancelled, instead
-            # of gathering them all for gRPC to refuse the send.
+            # Each shard keeps its own part under the message limit; the merged answer's
+            # values are counted here as parts arrive, so that an answer over it is refused
+            # with the limit named (as a shard names it) and the parts still coming are
+            # cancelled, instead of gathering them all for gRPC to refuse the send. Its
+            # encoded size is checked once whole, near the limit (multi_get_answer_problem).
             limit = self.limits.max_message_bytes
             left = limit
             for answered, (idx, positions, future) in enumerate(calls, 1):

@@ -186,7 +186,7 @@ def test_write_batcher_bounds_each_write(server):
 
 def test_write_batcher_bounds_the_encoded_write_not_only_keys_and_values(server):
     """max_bytes bounds the request sent: with keys and values alone counted, 1,000 puts of a
-    1-byte key and value (2 bytes each) fit a 2,000-byte bound and encoded to 7,000 bytes."""
+    1-byte key and value (2 bytes each) fit a 2,000-byte bound and encoded to 8,000 bytes."""
     kv, address = server
     rng = random.Random(7)
     with Client(address) as c:

@@ -18,7 +18,8 @@ FaultInjectionFS that parks one file operation; no engine part is mocked):
   memtable's log: all consistent with the not-yet-frozen memtable), the compaction thread
   (installs versions), checkpoint (flushes first, copies no log). Manifest file numbers are
   taken under the manifest's own lock before the mutex is released.
-- Failures in the switch's I/O against the previous commit (``git show HEAD~1:engine/db.py``):
+- Failures in the switch's I/O against the code before the change (``git show
+  f160ab0~1:engine/db.py``):
   a failed directory sync, a failed CLOSED marker append (full disk) and a failed fsync of
   the old log leave the DB in the same state as before. **One does not**: a failed fsync of
   the old log followed by a failing close of it (close(2) reporting EIO, as on NFS;

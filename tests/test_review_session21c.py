@@ -29,7 +29,7 @@ Checked and holding (no test here; the existing tests cover them):
   and every varint boundary up to 2**21 + 1 (key, value and the Mutation's own length).
   WriteBatcher: ``sync=False`` is counted (an optional bool is written when set), None not.
 
-Finding (strict xfail: fails now, passes once fixed):
+Finding (a strict xfail at first; fixed in session 21, now a plain test):
 
 - A closed WritableFile accepts ``append(b"")`` without error (engine/vfs.py: the ``while mv``
   loop never calls os.write, and the write counters are bumped), and so does
@@ -50,10 +50,7 @@ from engine.faultfs import FaultInjectionFS
 from engine.vfs import FileSystem
 
 
-@pytest.mark.xfail(strict=True, reason="engine/vfs.py WritableFile.append: an empty append on "
-                   "a closed file writes nothing and raises nothing (the loop never calls "
-                   "os.write), against close()'s 'later appends and syncs fail with EBADF'; "
-                   "faultfs forwards a closed file's append to it")
+# Fixed in session 21 (was a strict xfail): append checks ``closed`` first.
 @pytest.mark.parametrize("kind", ["posix", "fault"])
 def test_an_empty_append_on_a_closed_file_fails_with_ebadf(tmp_path, kind):
     fs = FileSystem() if kind == "posix" else FaultInjectionFS(seed=21)

@@ -32,9 +32,13 @@ def _held_switch(tmp_path, **options):
         except ClosedError:  # a close() overlapped it: in flight, it may say so
             pass
 
-    flusher = threading.Thread(target=flush)
+    flusher = threading.Thread(target=flush, daemon=True)
     flusher.start()
-    assert h.entered.wait(10)
+    if not h.entered.wait(30):
+        fs.release_all()
+        flusher.join(30)
+        db.close()
+        raise AssertionError("the flush never reached the switch's fsync of the old log")
     return fs, db, h, flusher
 
 
@@ -65,7 +69,7 @@ def test_writes_queued_behind_a_switch_keep_their_order_and_survive(tmp_path):
             db.put(b"k-%d-%03d" % (sync, i), b"v", sync=sync)
         done.set()
 
-    threads = [threading.Thread(target=writer, args=(s,)) for s in (False, True)]
+    threads = [threading.Thread(target=writer, args=(s,), daemon=True) for s in (False, True)]
     try:
         for t in threads:
             t.start()
@@ -75,9 +79,10 @@ def test_writes_queued_behind_a_switch_keep_their_order_and_survive(tmp_path):
         fs.release_all()
         flusher.join(10)
         for t in threads:
-            t.join(30)
+            t.join(60)
+        if not flusher.is_alive() and not any(t.is_alive() for t in threads):
+            db.close()  # (else the assert below reports the hang; close would wait for it)
     assert not flusher.is_alive() and not any(t.is_alive() for t in threads)
-    db.close()
     with DB.open(str(tmp_path / "db")) as db2:
         assert db2.get(b"a") == b"1"
         for s in (0, 1):

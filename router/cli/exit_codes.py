@@ -68,8 +68,10 @@ _GRPC_CODES = {
 
 
 # How a RESOURCE_EXHAUSTED about a size limit reads: gRPC's own ("Received message larger than
-# max (N vs. M)", "Sent message larger than max"), and the engine's ResultTooLargeError ("the
-# values found exceed N bytes"). Any other (a full disk, a server's scan limit) is BUSY.
+# max (N vs. M)", "Sent message larger than max"), the engine's ResultTooLargeError ("the
+# values found exceed N bytes") and a MultiGet answer the shard or router refuses ("the values
+# found exceed the message limit of N bytes", shard/limits.py). Any other (a full disk, a
+# server's scan limit) is BUSY.
 _SIZE_LIMIT_WORDS = ("larger than max", "values found exceed")  # not EDQUOT's "quota exceeded"
 
 
