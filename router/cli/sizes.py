@@ -23,6 +23,7 @@ from shard.limits import VALUE_LIMIT_SETTING, Limits
 
 from ..wire_sizes import SYNC_FIELD_BYTES, mutation_bytes
 
+
 def cluster_limits(args) -> Limits:
     """The limits of the cluster the command talks to (target.max_value_size)."""
     from . import target
