@@ -34,7 +34,8 @@ Checked and holding (plain tests below):
   it is a single mutation, and every write lands (compared with a dict model);
   a batch sized to exactly the message limit (sync unset) is accepted by the router;
 - engine/vfs.py: after close, append and sync raise StorageIOError EBADF, start_writeback is
-  silent, close is idempotent (also through FaultInjectionFS); a table build, a manifest
+  silent, close is idempotent (also through FaultInjectionFS; that test is now part of
+  tests/test_faultfs.py's closed-file test); a table build, a manifest
   switch and a DB close/reopen with a switch in between work as before (the writers they
   close are never used afterwards).
 
@@ -58,7 +59,6 @@ Findings (strict xfails at first; all fixed in session 21, now plain tests):
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 
@@ -67,7 +67,6 @@ import pytest
 
 from engine.errors import StorageIOError
 from engine.faultfs import FaultInjectionFS
-from engine.vfs import FileSystem
 from router import client_errors as errors
 from router.cli.exit_codes import USAGE, code_for_grpc
 from router.client import Client, _mutation
@@ -440,20 +439,8 @@ def test_write_batcher_with_sync_stays_within_max_bytes(cluster, client):
 
 
 # -- engine/vfs.py: a closed WritableFile ----------------------------------------------------
-@pytest.mark.parametrize("kind", ["posix", "fault"])
-def test_a_closed_writable_file_refuses_append_and_sync_with_ebadf(tmp_path, kind):
-    fs = FileSystem() if kind == "posix" else FaultInjectionFS(seed=3)
-    f = fs.open_writable(str(tmp_path / "a"))
-    f.append(b"abc")
-    f.close()
-    f.close()  # idempotent
-    for op in (lambda: f.append(b"x"), f.sync):
-        with pytest.raises(StorageIOError) as ei:
-            op()
-        assert ei.value.errno == errno.EBADF
-    f.start_writeback(0, 3)  # advice: silent
-    with open(tmp_path / "a", "rb") as fh:
-        assert fh.read() == b"abc"
+# (append and sync after close raise EBADF, close is idempotent, write-back advice is silent:
+# tests/test_faultfs.py, test_a_closed_writable_file_never_reaches_the_file_that_reuses_...)
 
 
 # Fixed in session 21 (was a strict xfail): a closed file's sync reaches no fault.
