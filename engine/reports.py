@@ -51,6 +51,7 @@ import functools
 import time
 from dataclasses import dataclass, field, fields
 
+from . import speedups
 from .compaction.picker import tombstone_wake_at
 from .filter_plan import current_allocation, policy_fpr
 
@@ -193,6 +194,9 @@ def stats(db) -> dict:
     gets = db.gets
     return {
         "path": db.path,
+        # engine/speedups.py: the compiled point-read functions run (False: their Python
+        # versions, the same answers more slowly)
+        "native_speedups": speedups.native is not None,
         "levels": levels,
         "total_table_bytes": sum(lv["bytes"] for lv in levels),
         "compression": _compression(db, rs, levels),

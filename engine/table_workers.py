@@ -63,6 +63,7 @@ Thread safety: ``call`` may be made from many threads; each waits for an idle wo
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import pickle
 import signal
@@ -88,10 +89,14 @@ class CodeChanged(SieveError):
     """A new worker found other engine code on disk than its owner runs (module docstring)."""
 
 
+# Python source, sourceless bytecode, and compiled extensions (engine/_speedups.*.so)
+_CODE_SUFFIXES = (".py", ".pyc", *importlib.machinery.EXTENSION_SUFFIXES)
+
+
 def code_fingerprint(package_dir: str) -> str:
     """A digest of where ``package_dir`` is and of the names, sizes and modification times of
-    its code: every ``.py`` file and every ``.pyc`` outside ``__pycache__`` (a sourceless
-    install) under it; for a package inside an archive (zipimport), of the archive file. What
+    its code: every ``.py`` file, every ``.pyc`` outside ``__pycache__`` (a sourceless
+    install) and every compiled extension (engine/speedups.py) under it; for a package inside an archive (zipimport), of the archive file. What
     changes when a package is reinstalled, a checkout moves, or another copy is imported."""
     import hashlib
 
@@ -112,7 +117,7 @@ def code_fingerprint(package_dir: str) -> str:
         # are compiled, not when the code changes)
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
-            if name.endswith((".py", ".pyc")):
+            if name.endswith(_CODE_SUFFIXES):
                 path = os.path.join(root, name)
                 try:
                     st = os.stat(path)

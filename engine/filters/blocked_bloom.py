@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import speedups
 from . import layout
 from .base import FilterPolicy, bits_for, check_count
 from .fpr import blocked_fpr
@@ -91,6 +92,9 @@ def probe_reference(filter_data, key: bytes) -> bool:
     except Exception:  # any malformed buffer: "may match", never a false "absent"
         return True
 
+
+if speedups.native is not None:  # it answers what it cannot read fast as the reference does
+    speedups.native.register(probe_reference=probe_reference)
 
 _CHAIN_MAX_PROBES = 6  # up to this k the distinct test compares pairs (see _probe_source)
 _BYTE = tuple(p >> 3 for p in range(layout.LINE_BITS))  # bit position in a line -> byte
@@ -209,6 +213,8 @@ class BlockedBloomFilterPolicy(FilterPolicy):
         return max(self.min_size, size_bytes // layout.LINE_BYTES * layout.LINE_BYTES)
 
     def _make_probe(self, num_probes: int) -> Callable[[Any, bytes], bool]:
+        if speedups.native is not None:  # engine/speedups.py: probe_reference, in C
+            return speedups.native.blocked_may_match
         return _specialised_probe(num_probes)
 
     def _build_bytes(self, keys: list, size: int) -> bytes:

@@ -24,6 +24,7 @@ from typing import Iterator
 
 import mmh3
 
+from .. import speedups
 from ..errors import CorruptionError
 from ..format import BLOCK_HASH_FLAG, BLOCK_HASH_SEED, ENTRY_TAG, KIND_DELETE, KIND_VALUE
 from .coding import get_varint as _varint
@@ -488,3 +489,10 @@ def _decode(data, pos: int, stop: int, limit: int, out: list, path, offset) -> i
         raise CorruptionError(f"block: bad entry at block offset {pos}", path=path,
                               offset=offset) from None
     return pos
+
+
+find_hashed_py = find_hashed
+"""The Python ``find_hashed``: the reference the compiled version is checked against."""
+if speedups.native is not None:  # engine/speedups.py: same answers and errors, in C
+    speedups.native.register(find_hashed=find_hashed_py)
+    find_hashed = speedups.native.find_hashed  # noqa: F811

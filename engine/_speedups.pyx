@@ -1,0 +1,245 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled versions of the two hottest leaf functions of a point read (engine/speedups.py
+says how they are chosen, and why these two).
+
+- :func:`find_hashed`: engine/sstable/block.py ``find_hashed``, the block hash-index lookup.
+- :func:`blocked_may_match`: engine/filters/blocked_bloom.py ``probe_reference``, the blocked
+  Bloom probe of docs/format.md "Filter encodings", "Blocked Bloom", for any k.
+
+Each returns what its Python reference returns and raises what it raises, on any input:
+well-formed or damaged blocks and filters, closed mappings, released views
+(tests/test_speedups.py compares them on random and corrupted data). Both keep MurmurHash3
+in mmh3: they call it, they do not reimplement it.
+
+Buffers: each call takes a simple buffer of its argument (bytes, mmap, memoryview) and
+releases it before returning. No Python code runs while it is held (the hashes are computed
+before it is taken), so no other thread can run in between and a concurrent mmap.close()
+never finds an export. Every read is checked against the buffer's length or the block's
+bounds below, as the Python versions' slicing and struct errors check them.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_FORMAT, PyBUF_ND
+from libc.string cimport memcmp, memcpy
+
+import mmh3
+
+from .errors import CorruptionError
+from . import format as _format
+
+cdef object _uhash32 = mmh3.mmh3_32_uintdigest  # the block hash index's slot hash
+cdef object _digest = mmh3.mmh3_x64_128_digest  # the filters' digest (engine/filters/hashing.py)
+
+# docs/format.md "Data blocks" (the hash index) and "Filter encodings"; engine/format.py.
+cdef long long HASH_FLAG = _format.BLOCK_HASH_FLAG
+cdef object HASH_SEED = _format.BLOCK_HASH_SEED
+cdef Py_ssize_t LINE_BYTES = _format.LINE_BYTES
+cdef int LINE_SHIFT = _format.LINE_SHIFT
+cdef unsigned int LINE_MASK = _format.LINE_BITS - 1
+cdef unsigned int LAST_LINE_BITS = _format.LAST_LINE_BITS
+cdef int MAX_PROBES = _format.BLOCKED_MAX_PROBES
+cdef int MARKER_BLOCKED = _format.MARKER_BLOCKED
+cdef int LENGTH_CHECK_MOD = _format.LENGTH_CHECK_MOD
+cdef int TRAILER_SIZE = _format.TRAILER_SIZE
+cdef int TRAILER_PROBES = _format.TRAILER_PROBES
+cdef int TRAILER_MARKER = _format.TRAILER_MARKER
+cdef int WORDS_FIRST = _format.WORDS_FIRST_DIGEST
+cdef int WORDS_PER = _format.WORDS_PER_DIGEST
+
+# Larger than any buffer: a varint at least this large compares and bounds-checks as the
+# Python int would (no sum below overflows a 64-bit signed integer).
+cdef long long HUGE = 1LL << 60
+
+cdef object _fallback_find_hashed = None
+cdef object _fallback_probe = None
+
+if LINE_BYTES != 64 or TRAILER_SIZE != 4 or MAX_PROBES > 64:
+    raise ImportError("engine._speedups: format constants changed; rebuild and review it")
+
+
+def register(find_hashed=None, probe_reference=None):
+    """Give the Python reference of a function here (engine/sstable/block.py and
+    engine/filters/blocked_bloom.py do, on import): it answers arguments outside the fast
+    path's contract (a key that is not bytes, bounds outside the buffer, a buffer whose items
+    are not bytes), so every answer is the reference's."""
+    global _fallback_find_hashed, _fallback_probe
+    if find_hashed is not None:
+        _fallback_find_hashed = find_hashed
+    if probe_reference is not None:
+        _fallback_probe = probe_reference
+
+
+cdef inline bint _not_bytes(Py_buffer* view) noexcept:
+    """The buffer's items are not unsigned bytes (a memoryview cast to another format):
+    indexing it in Python reads other values, so the reference answers."""
+    return view.itemsize != 1 or (view.format != NULL and
+                                  (view.format[0] != b'B' or view.format[1] != 0))
+
+
+cdef inline unsigned int _u32(const unsigned char* b, Py_ssize_t p) noexcept:
+    return b[p] | (b[p + 1] << 8) | (b[p + 2] << 16) | (<unsigned int>b[p + 3] << 24)
+
+
+cdef inline Py_ssize_t _varint(const unsigned char* b, Py_ssize_t* pos, Py_ssize_t limit,
+                               long long* out) noexcept:
+    """engine/sstable/coding.py get_varint: 0, or -1 where it raises ValueError. A value of
+    HUGE or more is stored as HUGE (see HUGE)."""
+    cdef Py_ssize_t p = pos[0]
+    cdef unsigned long long result = 0
+    cdef int shift = 0
+    cdef bint huge = False
+    cdef unsigned char c
+    while p < limit and shift <= 63:
+        c = b[p]
+        p += 1
+        if shift < 56:
+            result |= (<unsigned long long>(c & 0x7F)) << shift
+        elif c & 0x7F:
+            huge = True
+        if c < 0x80:
+            pos[0] = p
+            out[0] = HUGE if huge or result >= <unsigned long long>HUGE else <long long>result
+            return 0
+        shift += 7
+    return -1
+
+
+def find_hashed(buf, Py_ssize_t start, Py_ssize_t end, target, path=None, offset=None):
+    """engine/sstable/block.py ``find_hashed``: same contract, same answers, same errors."""
+    if type(target) is not bytes or start < 0 or end < 6:
+        return _fallback_find_hashed(buf, start, end, target, path, offset)
+    cdef unsigned long long h = _uhash32(target, HASH_SEED)
+    cdef Py_buffer view
+    try:
+        PyObject_GetBuffer(buf, &view, PyBUF_FORMAT | PyBUF_ND)
+    except ValueError:  # a closed mapping: as indexing it raises in the Python version
+        raise CorruptionError("block: bad hash index or entry", path=path,
+                              offset=offset) from None
+    except (TypeError, BufferError):
+        return _fallback_find_hashed(buf, start, end, target, path, offset)
+    cdef const unsigned char* b = <const unsigned char*>view.buf
+    cdef Py_ssize_t n = view.len
+    cdef const unsigned char* t = target
+    cdef Py_ssize_t tl = len(target)
+    cdef long long nb, num, hs, limit, s, first, r, kl, vl, shared, kend, got
+    cdef Py_ssize_t p
+    cdef int bad = 0
+    cdef bint found = False
+    if end > n or _not_bytes(&view):
+        PyBuffer_Release(&view)
+        return _fallback_find_hashed(buf, start, end, target, path, offset)
+    nb = b[end - 6] | (b[end - 5] << 8)
+    num = <long long>_u32(b, end - 4) - HASH_FLAG
+    hs = end - 6 - nb
+    limit = hs - 4 * num
+    if num < 1 or nb <= num or limit <= start:
+        bad = 1
+    else:
+        s = first = <long long>(h % <unsigned long long>nb)
+        r = b[hs + s]
+        while r:
+            if r > num:
+                bad = 1
+                break
+            p = start + _u32(b, limit + 4 * r - 4)
+            if p >= limit:
+                bad = 1
+                break
+            kl = b[p + 1]
+            vl = b[p + 2]
+            if (b[p] | kl | vl) < 0x80:
+                if b[p]:
+                    bad = 1
+                    break
+                p += 3
+            else:
+                if (_varint(b, &p, limit, &shared) or
+                        _varint(b, &p, limit, &kl) or
+                        _varint(b, &p, limit, &vl) or shared):
+                    bad = 1
+                    break
+            kend = p + kl
+            got = (kend if kend < n else n) - p  # buf[p:kend] stops at the buffer's end
+            if got == tl and memcmp(b + p, t, tl) == 0:
+                if kend + vl > limit:
+                    bad = 1
+                else:
+                    found = True
+                break
+            s += 1
+            if s == nb:
+                s = 0
+            if s == first:
+                bad = 1  # every slot full: not what a writer makes
+                break
+            r = b[hs + s]
+    PyBuffer_Release(&view)
+    if bad:
+        raise CorruptionError("block: bad hash index or entry", path=path, offset=offset)
+    if found:
+        return kend, kend + vl
+    return None
+
+
+def blocked_may_match(data, key):
+    """engine/filters/blocked_bloom.py ``probe_reference``: the blocked Bloom filter's answer
+    for ``key`` (bytes) on the filter ``data``, whatever its k; True for a malformed filter
+    or one that cannot be read (a released view), never a false "absent".
+
+    Stops at the first unset bit: any distinct candidate is one of the key's k probes, so
+    the answer is the reference's, which tests all k."""
+    cdef bytes d = _digest(key)
+    cdef const unsigned char* db = d
+    cdef Py_buffer view
+    try:
+        PyObject_GetBuffer(data, &view, PyBUF_FORMAT | PyBUF_ND)
+    except ValueError:  # a released view or closed mapping: the reference's except answers
+        return True
+    except Exception:  # not a contiguous buffer of bytes (or none): the reference answers
+        return _fallback_probe(data, key)
+    cdef const unsigned char* b = <const unsigned char*>view.buf
+    cdef Py_ssize_t n = view.len
+    cdef unsigned char line_bytes[64]
+    cdef unsigned long long num_lines, line
+    cdef int k, length_check
+    cdef bint last
+    if _not_bytes(&view):
+        PyBuffer_Release(&view)
+        return _fallback_probe(data, key)
+    if n < LINE_BYTES or n % LINE_BYTES:
+        PyBuffer_Release(&view)
+        return True
+    k = b[n - TRAILER_SIZE + TRAILER_PROBES]
+    length_check = b[n - TRAILER_SIZE + 1] | (b[n - TRAILER_SIZE + 2] << 8)
+    num_lines = <unsigned long long>(n >> LINE_SHIFT)
+    if (b[n - TRAILER_SIZE + TRAILER_MARKER] != MARKER_BLOCKED
+            or length_check != <int>(num_lines % LENGTH_CHECK_MOD)
+            or not 1 <= k <= MAX_PROBES or num_lines >> 32):
+        PyBuffer_Release(&view)
+        return True  # (a filter of 2^32 lines or more, 256 GiB: never written; "may match")
+    line = <unsigned long long>_u32(db, 0) * num_lines >> 32
+    memcpy(line_bytes, b + (line << LINE_SHIFT), LINE_BYTES)
+    PyBuffer_Release(&view)
+    last = line == num_lines - 1
+    cdef unsigned int chosen[64]
+    cdef int count = 0, i, j, words = WORDS_FIRST, at = 4
+    cdef unsigned int w, pos
+    cdef int seed = 0
+    while True:
+        for i in range(words):
+            w = db[at + 2 * i] | (db[at + 2 * i + 1] << 8)
+            pos = w % LAST_LINE_BITS if last else w & LINE_MASK
+            for j in range(count):
+                if chosen[j] == pos:
+                    break
+            else:
+                if not (line_bytes[pos >> 3] >> (pos & 7)) & 1:
+                    return False
+                chosen[count] = pos
+                count += 1
+                if count == k:
+                    return True
+        seed += 1
+        d = _digest(key, seed)
+        db = d
+        words = WORDS_PER
+        at = 0
