@@ -7,8 +7,11 @@ says how they are chosen, and why these two).
   Bloom probe of docs/format.md "Filter encodings", "Blocked Bloom", for any k.
 
 Each returns what its Python reference returns and raises what it raises, on any input:
-well-formed or damaged blocks and filters, closed mappings, released views
-(tests/test_speedups.py compares them on random and corrupted data). Both keep MurmurHash3
+well-formed or damaged blocks and filters, closed mappings, released views, odd bounds; what
+it does not read in C (other buffer types or shapes, non-int bounds) it hands to the reference
+(tests/test_speedups.py and tests/test_review_session22.py compare them). One exception: the
+probe raises TypeError for a key that is not bytes-like, as the specialised Python probes it
+replaced did, where the reference answers True. Both keep MurmurHash3
 in mmh3: they call it, they do not reimplement it.
 
 Buffers: each call takes a simple buffer of its argument (bytes, mmap, memoryview) and
@@ -20,6 +23,8 @@ bounds below, as the Python versions' slicing and struct errors check them.
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_FORMAT, PyBUF_ND
 from libc.string cimport memcmp, memcpy
+
+import mmap
 
 import mmh3
 
@@ -52,6 +57,23 @@ cdef long long HUGE = 1LL << 60
 cdef object _fallback_find_hashed = None
 cdef object _fallback_probe = None
 
+# The buffer types read in C: their items are bytes, indexed and sliced as bytes are (a
+# memoryview only when 1-D with items "B", checked per call). Any other type (array.array, a
+# numpy array: their slices compare and compute differently) is the reference's.
+cdef tuple _FAST_TYPES = (bytes, memoryview, mmap.mmap, bytearray)
+
+cdef extern from *:
+    """
+    #ifndef SIEVEKV_SPEEDUPS_SOURCE
+    #define SIEVEKV_SPEEDUPS_SOURCE ""
+    #endif
+    """
+    const char* SIEVEKV_SPEEDUPS_SOURCE
+
+SOURCE_SHA256 = (<bytes>SIEVEKV_SPEEDUPS_SOURCE).decode()
+"""SHA-256 (hex) of the .pyx this module was compiled from, as setup.py passed it ("" if
+built without it): engine/speedups.py does not use a build of another source."""
+
 if LINE_BYTES != 64 or TRAILER_SIZE != 4 or MAX_PROBES > 64:
     raise ImportError("engine._speedups: format constants changed; rebuild and review it")
 
@@ -68,11 +90,23 @@ def register(find_hashed=None, probe_reference=None):
         _fallback_probe = probe_reference
 
 
+cdef object _find_hashed_py():
+    if _fallback_find_hashed is None:  # called before engine/sstable/block.py registered
+        from .sstable import block  # noqa: F401 (it registers on import)
+    return _fallback_find_hashed
+
+
+cdef object _probe_py():
+    if _fallback_probe is None:
+        from .filters import blocked_bloom  # noqa: F401 (it registers on import)
+    return _fallback_probe
+
+
 cdef inline bint _not_bytes(Py_buffer* view) noexcept:
-    """The buffer's items are not unsigned bytes (a memoryview cast to another format):
-    indexing it in Python reads other values, so the reference answers."""
-    return view.itemsize != 1 or (view.format != NULL and
-                                  (view.format[0] != b'B' or view.format[1] != 0))
+    """The buffer is not a flat run of unsigned bytes (a memoryview cast to another format or
+    shape): indexing it in Python reads other values, so the reference answers."""
+    return view.ndim != 1 or view.itemsize != 1 or (
+        view.format != NULL and (view.format[0] != b'B' or view.format[1] != 0))
 
 
 cdef inline unsigned int _u32(const unsigned char* b, Py_ssize_t p) noexcept:
@@ -103,10 +137,12 @@ cdef inline Py_ssize_t _varint(const unsigned char* b, Py_ssize_t* pos, Py_ssize
     return -1
 
 
-def find_hashed(buf, Py_ssize_t start, Py_ssize_t end, target, path=None, offset=None):
+def find_hashed(buf, start_, end_, target, path=None, offset=None):
     """engine/sstable/block.py ``find_hashed``: same contract, same answers, same errors."""
-    if type(target) is not bytes or start < 0 or end < 6:
-        return _fallback_find_hashed(buf, start, end, target, path, offset)
+    if (type(target) is not bytes or type(start_) is not int or type(end_) is not int
+            or type(buf) not in _FAST_TYPES or not 0 <= start_ <= end_ < HUGE or end_ < 6):
+        return _find_hashed_py()(buf, start_, end_, target, path, offset)
+    cdef Py_ssize_t start = start_, end = end_
     cdef unsigned long long h = _uhash32(target, HASH_SEED)
     cdef Py_buffer view
     try:
@@ -115,7 +151,7 @@ def find_hashed(buf, Py_ssize_t start, Py_ssize_t end, target, path=None, offset
         raise CorruptionError("block: bad hash index or entry", path=path,
                               offset=offset) from None
     except (TypeError, BufferError):
-        return _fallback_find_hashed(buf, start, end, target, path, offset)
+        return _find_hashed_py()(buf, start, end, target, path, offset)
     cdef const unsigned char* b = <const unsigned char*>view.buf
     cdef Py_ssize_t n = view.len
     cdef const unsigned char* t = target
@@ -126,7 +162,7 @@ def find_hashed(buf, Py_ssize_t start, Py_ssize_t end, target, path=None, offset
     cdef bint found = False
     if end > n or _not_bytes(&view):
         PyBuffer_Release(&view)
-        return _fallback_find_hashed(buf, start, end, target, path, offset)
+        return _find_hashed_py()(buf, start, end, target, path, offset)
     nb = b[end - 6] | (b[end - 5] << 8)
     num = <long long>_u32(b, end - 4) - HASH_FLAG
     hs = end - 6 - nb
@@ -186,7 +222,11 @@ def blocked_may_match(data, key):
     or one that cannot be read (a released view), never a false "absent".
 
     Stops at the first unset bit: any distinct candidate is one of the key's k probes, so
-    the answer is the reference's, which tests all k."""
+    the answer is the reference's, which tests all k. One difference, kept from the
+    specialised Python probes it replaces: a key that is not bytes-like raises TypeError
+    (the reference answers True); the engine's keys are always bytes."""
+    if type(data) not in _FAST_TYPES:
+        return _probe_py()(data, key)
     cdef bytes d = _digest(key)
     cdef const unsigned char* db = d
     cdef Py_buffer view
@@ -195,7 +235,7 @@ def blocked_may_match(data, key):
     except ValueError:  # a released view or closed mapping: the reference's except answers
         return True
     except Exception:  # not a contiguous buffer of bytes (or none): the reference answers
-        return _fallback_probe(data, key)
+        return _probe_py()(data, key)
     cdef const unsigned char* b = <const unsigned char*>view.buf
     cdef Py_ssize_t n = view.len
     cdef unsigned char line_bytes[64]
@@ -204,7 +244,7 @@ def blocked_may_match(data, key):
     cdef bint last
     if _not_bytes(&view):
         PyBuffer_Release(&view)
-        return _fallback_probe(data, key)
+        return _probe_py()(data, key)
     if n < LINE_BYTES or n % LINE_BYTES:
         PyBuffer_Release(&view)
         return True
@@ -213,9 +253,12 @@ def blocked_may_match(data, key):
     num_lines = <unsigned long long>(n >> LINE_SHIFT)
     if (b[n - TRAILER_SIZE + TRAILER_MARKER] != MARKER_BLOCKED
             or length_check != <int>(num_lines % LENGTH_CHECK_MOD)
-            or not 1 <= k <= MAX_PROBES or num_lines >> 32):
+            or not 1 <= k <= MAX_PROBES):
         PyBuffer_Release(&view)
-        return True  # (a filter of 2^32 lines or more, 256 GiB: never written; "may match")
+        return True
+    if num_lines >> 32:  # 256 GiB or more: never written; u32 * lines would overflow here
+        PyBuffer_Release(&view)
+        return _probe_py()(data, key)
     line = <unsigned long long>_u32(db, 0) * num_lines >> 32
     memcpy(line_bytes, b + (line << LINE_SHIFT), LINE_BYTES)
     PyBuffer_Release(&view)

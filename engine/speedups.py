@@ -8,14 +8,14 @@ bytes, with no lock, no state and no I/O, so the rest of the engine stays Python
 know which version runs.
 
 Each has the same contract, answers and errors as its Python reference, which stays in the
-tree as the spec in code; tests/test_speedups.py compares the two on random, damaged and
-malformed inputs.
+tree as the spec in code (one exception, engine/_speedups.pyx says which); tests/test_speedups.py
+and tests/test_review_session22.py compare the two on random, damaged and malformed inputs.
 
 :data:`native` is the compiled module, or None when the engine runs its Python versions:
 ``pip install`` builds it where a C compiler and the Python headers are present (setup.py; a
 failed build leaves it out, it does not fail the install); ``SIEVEKV_PURE_PYTHON=1`` in the
-environment turns it off; and a build older than its source (``.pyx`` edited, not rebuilt) is
-not used, with a warning. ``DB.stats()`` reports which runs (``native_speedups``).
+environment turns it off; and a build of other source (the ``.pyx`` edited or checked out
+since it was built, or another checkout's build) is not used, with a warning. ``DB.stats()`` reports which runs (``native_speedups``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,16 @@ import warnings
 PURE_PYTHON_ENV = "SIEVEKV_PURE_PYTHON"
 
 
-def is_stale(source: str, built: str) -> bool:
-    """True if the file ``source`` was changed after ``built`` was made from it; False when
-    there is no source beside it (an installed wheel)."""
+def is_stale(source: str, module) -> bool:
+    """True if ``source`` (the .pyx beside the package) is not what ``module`` was compiled
+    from (its ``SOURCE_SHA256``, setup.py); False when there is no source beside it (an
+    installed wheel) or the build did not record one."""
+    import hashlib
+
+    built = getattr(module, "SOURCE_SHA256", "")
     try:
-        return os.stat(source).st_mtime > os.stat(built).st_mtime
+        with open(source, "rb") as f:
+            return bool(built) and hashlib.sha256(f.read()).hexdigest() != built
     except OSError:
         return False
 
@@ -42,11 +47,20 @@ def _load():
         from . import _speedups
     except ImportError:
         return None
-    source = os.path.join(os.path.dirname(__file__), "_speedups.pyx")
-    if is_stale(source, _speedups.__file__):
-        warnings.warn(f"{_speedups.__file__} is older than {source}: using the Python "
-                      "versions; rebuild with `python3 -m pip install -e .`", RuntimeWarning,
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.dirname(os.path.abspath(_speedups.__file__)) != here:
+        # Another tree's build (an editable install of another checkout can supply it to a
+        # checkout that was never built): not this source's, and not what the table workers'
+        # fingerprint covers.
+        warnings.warn(f"{_speedups.__file__} is not in {here}: using the Python versions; "
+                      "build this tree with `python3 -m pip install -e .`", RuntimeWarning,
                       stacklevel=2)
+        return None
+    source = os.path.join(here, "_speedups.pyx")
+    if is_stale(source, _speedups):
+        warnings.warn(f"{_speedups.__file__} was built from another version of {source}: "
+                      "using the Python versions; rebuild with `python3 -m pip install -e .`",
+                      RuntimeWarning, stacklevel=2)
         return None
     return _speedups
 

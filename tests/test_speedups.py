@@ -9,6 +9,7 @@ it can be built, and that a DB gives the same answers with and without it.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import random
@@ -29,6 +30,8 @@ from engine.format import ENTRY_TAG
 from engine.sstable.block import find_hashed_py
 from engine.sstable.block_builder import BlockBuilder
 
+from .test_cli_e2e import cli_env_cleared  # noqa: F401 (fixture)
+
 native = speedups.native
 needs_native = pytest.mark.skipif(native is None, reason="compiled speed-ups not in use")
 
@@ -48,17 +51,23 @@ def test_native_in_use_where_it_can_be_built():
         assert native is not None, "engine/_speedups.pyx was not built: see setup.py"
 
 
-def test_a_build_older_than_its_source_is_not_used(tmp_path):
+def test_a_build_of_other_source_is_not_used(tmp_path):
+    """A build records the SHA-256 of its .pyx (setup.py); a .pyx edited since, or a
+    checkout of another version, does not match it, and the Python versions run."""
+    import hashlib
+    import types
+
     src = tmp_path / "_speedups.pyx"
-    built = tmp_path / "_speedups.so"
-    src.write_text("x")
-    built.write_text("y")
-    os.utime(src, (1000, 1000))
-    os.utime(built, (2000, 2000))
-    assert not speedups.is_stale(str(src), str(built))
-    os.utime(src, (3000, 3000))
-    assert speedups.is_stale(str(src), str(built))
-    assert not speedups.is_stale(str(tmp_path / "missing.pyx"), str(built))  # a wheel
+    src.write_bytes(b"source one")
+    built = types.SimpleNamespace(SOURCE_SHA256=hashlib.sha256(b"source one").hexdigest())
+    assert not speedups.is_stale(str(src), built)
+    src.write_bytes(b"source two")
+    assert speedups.is_stale(str(src), built)
+    assert not speedups.is_stale(str(tmp_path / "missing.pyx"), built)  # a wheel: no source
+    assert not speedups.is_stale(str(src), types.SimpleNamespace())  # built without a record
+    if native is not None:  # this tree's own build was made from this tree's source
+        source = os.path.join(os.path.dirname(speedups.__file__), "_speedups.pyx")
+        assert native.SOURCE_SHA256 and not speedups.is_stale(source, native)
 
 
 # -- find_hashed ------------------------------------------------------------------------------
@@ -284,8 +293,6 @@ _DB_SCRIPT = textwrap.dedent("""
 
 
 def _run_db(path, write: bool, pure: bool) -> dict:
-    import json
-
     env = dict(os.environ)
     env.pop(speedups.PURE_PYTHON_ENV, None)
     if pure:
@@ -306,3 +313,32 @@ def test_a_db_answers_the_same_with_and_without(tmp_path):
         assert compiled["native"] is (native is not None)
     assert compiled["got"] == pure["got"]
     assert sum(v is not None for v in pure["got"]) > 2000
+
+
+@pytest.mark.usefixtures("cli_env_cleared")
+def test_stats_names_a_shard_running_without_them(procs, tmp_path, monkeypatch, capsys):
+    """A real shard started with SIEVEKV_PURE_PYTHON=1 reports native_speedups false, and
+    `sievekv stats` prints a line for it; a shard running them prints none."""
+    from router.cli import app
+    from router.cli.report_cmds import SPEEDUPS_OFF
+
+    from .conftest import start_router_process, start_shard_process, write_cluster_map
+
+    monkeypatch.setenv(speedups.PURE_PYTHON_ENV, "1")
+    pure = start_shard_process(procs, str(tmp_path / "p"), name="pure", wait=False)
+    monkeypatch.delenv(speedups.PURE_PYTHON_ENV)
+    other = start_shard_process(procs, str(tmp_path / "o"), name="other", wait=False)
+    shards = [pure.wait_ready(), other.wait_ready()]
+    router = start_router_process(procs, write_cluster_map(str(tmp_path / "m.toml"), shards))
+    capsys.readouterr()
+    code = app.main(["stats", "--router", router.address, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["shards"]["pure"]["native_speedups"] is False
+    assert doc["shards"]["other"]["native_speedups"] is (native is not None)
+    code = app.main(["stats", "--router", router.address])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = [ln for ln in out.splitlines() if SPEEDUPS_OFF in ln]
+    off = ["pure"] if native is not None else ["other", "pure"]
+    assert lines == [f"{name}: {SPEEDUPS_OFF}" for name in off], out

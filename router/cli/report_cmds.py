@@ -147,7 +147,15 @@ def cmd_stats(args) -> int:
         kept = held_by_reads(s)
         if kept:
             print(f"{name}: {kept}")
+        if s.get("native_speedups") is False:  # absent (an older shard): nothing to say
+            print(f"{name}: {SPEEDUPS_OFF}")
     return _finish_partial(doc, "Stats")
+
+
+SPEEDUPS_OFF = ("compiled speed-ups off: point reads run their Python versions, same answers, "
+                "slower (engine/speedups.py)")
+"""The line of a shard whose engine runs without engine/_speedups (not built, or turned off
+with SIEVEKV_PURE_PYTHON=1)."""
 
 
 def held_by_reads(s: dict) -> str:
