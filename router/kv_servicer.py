@@ -2,6 +2,8 @@
 
 - Get/Put/Delete go to the key's shard.
 - MultiGet and Write are split per shard and the parts are sent in parallel (call futures).
+  A MultiGet takes its parts as they complete: the first part to fail (a shard down, values
+  over the message limit) answers the call at once, whatever the shard order.
   A Write is atomic within each shard only; when some shard's part fails the call fails with
   that shard's code and the per-shard WriteResponse rides in trailing metadata
   ``sievekv-write-result-bin``: ``applied = true`` is confirmed, ``applied = false`` with
@@ -19,6 +21,7 @@ Thread-safe: handlers share only immutable state and thread-safe stubs.
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import grpc
@@ -137,7 +140,15 @@ class RouterKV:
             # encoded size is checked once whole, near the limit (multi_get_answer_problem).
             limit = self.limits.max_message_bytes
             left = limit
-            for answered, (idx, positions, future) in enumerate(calls, 1):
+            # Parts are taken as they complete, not in shard order, so that a shard that
+            # fails fast (UNAVAILABLE, a part over the limit) is reported at once instead of
+            # after a slower or stalled shard's deadline. Every part completes: each has the
+            # call's deadline, and a cancelled one completes as cancelled.
+            ended = queue.SimpleQueue()
+            for n, (_, _, future) in enumerate(calls):
+                future.add_done_callback(lambda _f, n=n: ended.put(n))
+            for answered in range(1, len(calls) + 1):
+                idx, positions, future = calls[ended.get()]
                 try:
                     response = future.result()
                 except grpc.RpcError as exc:
