@@ -15,15 +15,24 @@ and tests/test_review_session22.py compare the two on random, damaged and malfor
 ``pip install`` builds it where a C compiler and the Python headers are present (setup.py; a
 failed build leaves it out, it does not fail the install); ``SIEVEKV_PURE_PYTHON=1`` in the
 environment turns it off; and a build of other source (the ``.pyx`` edited or checked out
-since it was built, or another checkout's build) is not used, with a warning. ``DB.stats()`` reports which runs (``native_speedups``).
+since it was built, or another checkout's build) is not used, with a logged warning.
+``DB.stats()`` reports which runs (``native_speedups``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 
 PURE_PYTHON_ENV = "SIEVEKV_PURE_PYTHON"
+
+_log = logging.getLogger(__name__)
+
+
+def pure_python_requested(environ=os.environ) -> bool:
+    """True if ``environ`` turns the compiled module off: SIEVEKV_PURE_PYTHON set to 1,
+    true, yes or on (any case); any other value, or none, leaves it on."""
+    return environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def is_stale(source: str, module) -> bool:
@@ -41,7 +50,7 @@ def is_stale(source: str, module) -> bool:
 
 
 def _load():
-    if os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if pure_python_requested():
         return None
     try:
         from . import _speedups
@@ -52,15 +61,14 @@ def _load():
         # Another tree's build (an editable install of another checkout can supply it to a
         # checkout that was never built): not this source's, and not what the table workers'
         # fingerprint covers.
-        warnings.warn(f"{_speedups.__file__} is not in {here}: using the Python versions; "
-                      "build this tree with `python3 -m pip install -e .`", RuntimeWarning,
-                      stacklevel=2)
+        _log.warning("%s is not in %s: the engine runs its Python versions; build this tree "
+                     "with `python3 -m pip install -e .`", _speedups.__file__, here)
         return None
     source = os.path.join(here, "_speedups.pyx")
     if is_stale(source, _speedups):
-        warnings.warn(f"{_speedups.__file__} was built from another version of {source}: "
-                      "using the Python versions; rebuild with `python3 -m pip install -e .`",
-                      RuntimeWarning, stacklevel=2)
+        _log.warning("%s was built from another version of %s: the engine runs its Python "
+                     "versions; rebuild with `python3 -m pip install -e .`", _speedups.__file__,
+                     source)
         return None
     return _speedups
 

@@ -89,14 +89,15 @@ class CodeChanged(SieveError):
     """A new worker found other engine code on disk than its owner runs (module docstring)."""
 
 
-# Python source, sourceless bytecode, and compiled extensions (engine/_speedups.*.so)
-_CODE_SUFFIXES = (".py", ".pyc", *importlib.machinery.EXTENSION_SUFFIXES)
+# Python source, sourceless bytecode, compiled extensions (engine/_speedups.*.so) and the
+# Cython source that decides whether a process uses its build (engine/speedups.py)
+_CODE_SUFFIXES = (".py", ".pyc", ".pyx", *importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def code_fingerprint(package_dir: str) -> str:
     """A digest of where ``package_dir`` is and of the names, sizes and modification times of
     its code: every ``.py`` file, every ``.pyc`` outside ``__pycache__`` (a sourceless
-    install) and every compiled extension (engine/speedups.py) under it; for a package inside an archive (zipimport), of the archive file. What
+    install), every compiled extension and its ``.pyx`` source (engine/speedups.py) under it; for a package inside an archive (zipimport), of the archive file. What
     changes when a package is reinstalled, a checkout moves, or another copy is imported."""
     import hashlib
 

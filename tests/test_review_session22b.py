@@ -21,7 +21,7 @@ ends, at once if it has ended, and a cancel ends it):
   beyond it;
 - ``DB.stats()["native_speedups"]`` is skipped (a bool) by the router's numeric totals.
 
-Problems found (strict xfails; each fails now and passes once fixed):
+Problems found (were strict xfails; fixed in the same session, now plain tests):
 
 - engine/table_workers.py ``code_fingerprint`` does not cover ``engine/_speedups.pyx``,
   although engine/speedups.py decides from that file whether the compiled module is used: a
@@ -347,11 +347,10 @@ def test_native_speedups_is_left_out_of_the_routers_numeric_totals():
 
 # -- problems found --------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/table_workers.py code_fingerprint leaves out engine/_speedups.pyx, which decides "
-    "(engine/speedups.py is_stale) whether a process runs the compiled module: a .pyx "
-    "edited or checked out under a running owner lets new table workers in that run the "
-    "Python versions while the owner runs the compiled ones"))
+# Fixed in session 22; was a strict xfail: engine/table_workers.py code_fingerprint leaves out
+# engine/_speedups.pyx, which decides (engine/speedups.py is_stale) whether a process runs the
+# compiled module: a .pyx edited or checked out under a running owner lets new table workers in
+# that run the Python versions while the owner runs the compiled ones
 def test_fingerprint_covers_the_speedups_source(tmp_path):
     pkg = tmp_path / "engine"
     pkg.mkdir()
@@ -366,10 +365,9 @@ def test_fingerprint_covers_the_speedups_source(tmp_path):
 
 
 @pytest.mark.skipif(speedups.native is None, reason="compiled speed-ups not in use")
-@pytest.mark.xfail(strict=True, reason=(
-    "tests/test_speedups.py reads SIEVEKV_PURE_PYTHON as set/unset, engine/speedups.py as "
-    "1/true/yes/on: with SIEVEKV_PURE_PYTHON=0 the module is in use and "
-    "test_native_in_use_where_it_can_be_built asserts it is not"))
+# Fixed in session 22; was a strict xfail: tests/test_speedups.py reads SIEVEKV_PURE_PYTHON as
+# set/unset, engine/speedups.py as 1/true/yes/on: with SIEVEKV_PURE_PYTHON=0 the module is in
+# use and test_native_in_use_where_it_can_be_built asserts it is not
 def test_speedups_tests_agree_with_the_engine_on_pure_python_0():
     env = dict(os.environ, SIEVEKV_PURE_PYTHON="0", PYTHONPATH=ROOT)
     out = subprocess.run(

@@ -154,8 +154,8 @@ def cmd_stats(args) -> int:
 
 SPEEDUPS_OFF = ("compiled speed-ups off: point reads run their Python versions, same answers, "
                 "slower (engine/speedups.py)")
-"""The line of a shard whose engine runs without engine/_speedups (not built, or turned off
-with SIEVEKV_PURE_PYTHON=1)."""
+"""The line of a shard whose engine runs without engine/_speedups (not built, built from other
+source or by another checkout, or turned off with SIEVEKV_PURE_PYTHON=1)."""
 
 
 def held_by_reads(s: dict) -> str:
