@@ -5,6 +5,10 @@ says how they are chosen, and why these two).
 - :func:`find_hashed`: engine/sstable/block.py ``find_hashed``, the block hash-index lookup.
 - :func:`blocked_may_match`: engine/filters/blocked_bloom.py ``probe_reference``, the blocked
   Bloom probe of docs/format.md "Filter encodings", "Blocked Bloom", for any k.
+- :func:`read_verified`: the common case of Table.get's checked read of a block verified
+  before (copy, CRC-32C against the known checksum, lookup, entry decode) in one call; it
+  answers only when the Python path would answer the same and hands every other case back
+  (:data:`SLOW`) to that path.
 
 Each returns what its Python reference returns and raises what it raises, on any input:
 well-formed or damaged blocks and filters, closed mappings, released views, odd bounds; what
@@ -21,11 +25,13 @@ never finds an export. Every read is checked against the buffer's length or the 
 bounds below, as the Python versions' slicing and struct errors check them.
 """
 
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_FORMAT, PyBUF_ND
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_FORMAT, PyBUF_ND, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcmp, memcpy
 
 import mmap
 
+import google_crc32c
 import mmh3
 
 from .errors import CorruptionError
@@ -33,6 +39,7 @@ from . import format as _format
 
 cdef object _uhash32 = mmh3.mmh3_32_uintdigest  # the block hash index's slot hash
 cdef object _digest = mmh3.mmh3_x64_128_digest  # the filters' digest (engine/filters/hashing.py)
+cdef object _crc_value = google_crc32c.value  # the blocks' checksum (engine/sstable/reader.py)
 
 # docs/format.md "Data blocks" (the hash index) and "Filter encodings"; engine/format.py.
 cdef long long HASH_FLAG = _format.BLOCK_HASH_FLAG
@@ -49,6 +56,8 @@ cdef int TRAILER_PROBES = _format.TRAILER_PROBES
 cdef int TRAILER_MARKER = _format.TRAILER_MARKER
 cdef int WORDS_FIRST = _format.WORDS_FIRST_DIGEST
 cdef int WORDS_PER = _format.WORDS_PER_DIGEST
+cdef int KIND_VALUE = _format.KIND_VALUE
+cdef int KIND_DELETE = _format.KIND_DELETE
 
 # Larger than any buffer: a varint at least this large compares and bounds-checks as the
 # Python int would (no sum below overflows a 64-bit signed integer).
@@ -154,66 +163,122 @@ def find_hashed(buf, start_, end_, target, path=None, offset=None):
         return _find_hashed_py()(buf, start, end, target, path, offset)
     cdef const unsigned char* b = <const unsigned char*>view.buf
     cdef Py_ssize_t n = view.len
+    cdef long long vs = 0, ve = 0
+    cdef int status
+    if end > n or _not_bytes(&view):
+        PyBuffer_Release(&view)
+        return _find_hashed_py()(buf, start, end, target, path, offset)
+    status = _find_core(<const unsigned char*>view.buf, n, start, end, h, target, &vs, &ve)
+    PyBuffer_Release(&view)
+    if status < 0:
+        raise CorruptionError("block: bad hash index or entry", path=path, offset=offset)
+    if status:
+        return vs, ve
+    return None
+
+
+cdef int _find_core(const unsigned char* b, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end,
+                    unsigned long long h, bytes target, long long* vs,
+                    long long* ve) noexcept:
+    """find_hashed's lookup in ``b[start:end]`` (``n`` bytes readable at ``b``; REQUIRES
+    6 <= end <= n, 0 <= start, the slot hash ``h`` of ``target``): 1 and the value's bounds
+    in ``vs``/``ve``, 0 if absent, -1 where the Python version raises CorruptionError."""
     cdef const unsigned char* t = target
     cdef Py_ssize_t tl = len(target)
     cdef long long nb, num, hs, limit, s, first, r, kl, vl, shared, kend, got
     cdef Py_ssize_t p
-    cdef int bad = 0
-    cdef bint found = False
-    if end > n or _not_bytes(&view):
-        PyBuffer_Release(&view)
-        return _find_hashed_py()(buf, start, end, target, path, offset)
     nb = b[end - 6] | (b[end - 5] << 8)
     num = <long long>_u32(b, end - 4) - HASH_FLAG
     hs = end - 6 - nb
     limit = hs - 4 * num
     if num < 1 or nb <= num or limit <= start:
-        bad = 1
-    else:
-        s = first = <long long>(h % <unsigned long long>nb)
+        return -1
+    s = first = <long long>(h % <unsigned long long>nb)
+    r = b[hs + s]
+    while r:
+        if r > num:
+            return -1
+        p = start + _u32(b, limit + 4 * r - 4)
+        if p >= limit:
+            return -1
+        kl = b[p + 1]
+        vl = b[p + 2]
+        if (b[p] | kl | vl) < 0x80:
+            if b[p]:
+                return -1
+            p += 3
+        else:
+            if (_varint(b, &p, limit, &shared) or _varint(b, &p, limit, &kl) or
+                    _varint(b, &p, limit, &vl) or shared):
+                return -1
+        kend = p + kl
+        got = (kend if kend < n else n) - p  # buf[p:kend] stops at the buffer's end
+        if got == tl and memcmp(b + p, t, tl) == 0:
+            if kend + vl > limit:
+                return -1
+            vs[0] = kend
+            ve[0] = kend + vl
+            return 1
+        s += 1
+        if s == nb:
+            s = 0
+        if s == first:
+            return -1  # every slot full: not what a writer makes
         r = b[hs + s]
-        while r:
-            if r > num:
-                bad = 1
-                break
-            p = start + _u32(b, limit + 4 * r - 4)
-            if p >= limit:
-                bad = 1
-                break
-            kl = b[p + 1]
-            vl = b[p + 2]
-            if (b[p] | kl | vl) < 0x80:
-                if b[p]:
-                    bad = 1
-                    break
-                p += 3
-            else:
-                if (_varint(b, &p, limit, &shared) or
-                        _varint(b, &p, limit, &kl) or
-                        _varint(b, &p, limit, &vl) or shared):
-                    bad = 1
-                    break
-            kend = p + kl
-            got = (kend if kend < n else n) - p  # buf[p:kend] stops at the buffer's end
-            if got == tl and memcmp(b + p, t, tl) == 0:
-                if kend + vl > limit:
-                    bad = 1
-                else:
-                    found = True
-                break
-            s += 1
-            if s == nb:
-                s = 0
-            if s == first:
-                bad = 1  # every slot full: not what a writer makes
-                break
-            r = b[hs + s]
+    return 0
+
+
+SLOW = object()
+"""What :func:`read_verified` returns when it cannot answer alone (module docstring)."""
+
+
+def read_verified(m, Py_ssize_t off, Py_ssize_t end, key, long long known_crc):
+    """engine/sstable/reader.py Table.get's checked read of a hash-indexed data block that
+    an earlier read verified, for the common case only: copies the block's contents and type
+    byte (``m[off:end + 1]``, ``m`` the table's mapping), and if their CRC-32C is
+    ``known_crc`` (the checksum that verification found) looks ``key`` up in the copy.
+    Returns ``(seq, kind, value)``, or None if the block does not hold the key: exactly
+    what Table.get's Python path returns then. Anything else returns :data:`SLOW` and
+    Table.get runs its Python path, which answers it as before: a block not verified yet
+    (``known_crc`` -1) or whose bytes changed since, one without a hash index, a mapping
+    that is closed or shorter, any entry or index the lookup finds malformed. The copy is
+    made with no Python code running, and the checksum (google-crc32c, which may release
+    the GIL) is computed on the copy, never on the mapping."""
+    if type(key) is not bytes or type(m) is not mmap.mmap or known_crc < 0 or off < 0 \
+            or end - off < 6:
+        return SLOW
+    cdef unsigned long long h = _uhash32(key, HASH_SEED)
+    cdef Py_buffer view
+    try:
+        PyObject_GetBuffer(m, &view, PyBUF_SIMPLE)
+    except Exception:  # closed: the Python path says so
+        return SLOW
+    if end >= view.len:
+        PyBuffer_Release(&view)
+        return SLOW
+    data = PyBytes_FromStringAndSize(<const char*>view.buf + off, end + 1 - off)
     PyBuffer_Release(&view)
-    if bad:
-        raise CorruptionError("block: bad hash index or entry", path=path, offset=offset)
-    if found:
-        return kend, kend + vl
-    return None
+    if _crc_value(data) != known_crc:
+        return SLOW
+    cdef const unsigned char* b = data
+    cdef Py_ssize_t n = end - off  # the contents, before the type byte
+    cdef long long vs = 0, ve = 0
+    cdef unsigned long long tag
+    cdef int kind
+    if not b[n - 1] & 0x80:  # the restart count's top byte: no hash index flag
+        return SLOW
+    cdef int status = _find_core(b, n + 1, 0, n, h, key, &vs, &ve)
+    if status == 0:
+        return None
+    if status < 0:  # malformed: the Python path raises the CorruptionError
+        return SLOW
+    if ve - vs < 8:
+        return SLOW
+    tag = (<unsigned long long>_u32(b, vs)) | (<unsigned long long>_u32(b, vs + 4)) << 32
+    kind = tag & 0xFF
+    if kind != KIND_VALUE and kind != KIND_DELETE:
+        return SLOW
+    return tag >> 8, kind, PyBytes_FromStringAndSize(<const char*>b + vs + 8, ve - vs - 8)
 
 
 def blocked_may_match(data, key):

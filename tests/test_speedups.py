@@ -345,3 +345,130 @@ def test_stats_names_a_shard_running_without_them(procs, tmp_path, monkeypatch, 
     lines = [ln for ln in out.splitlines() if SPEEDUPS_OFF in ln]
     off = ["pure"] if other_native else ["other", "pure"]
     assert lines == [f"{name}: {SPEEDUPS_OFF}" for name in off], out
+
+
+# -- read_verified: Table.get's checked read of a verified block ---------------------------------
+
+def _write_table(path, entries, **opts):
+    from engine.sstable import TableBuilder, TableOptions
+    from engine.vfs import FileSystem
+
+    w = FileSystem().open_writable(str(path))
+    b = TableBuilder(w, TableOptions(**opts))
+    for e in entries:
+        b.add(*e)
+    b.finish()
+    w.sync()
+    w.close()
+
+
+def _entries(rng, n):
+    from engine.format import KIND_DELETE, KIND_VALUE
+
+    keys = sorted({rng.randbytes(rng.choice((1, 8, 16, 40, 200))) for _ in range(n)})
+    return [(k, 1000 + i, KIND_DELETE, b"") if i % 9 == 4 else
+            (k, (1 << 50) + i, KIND_VALUE, rng.randbytes(rng.choice((0, 5, 100, 300))))
+            for i, k in enumerate(keys)]
+
+
+def _gets(path, probes, monkeypatch, compiled: bool, damage=None):
+    """Every probe read three times (the first read of a block verifies it) by a fresh mapped
+    Table; with ``damage`` (offset, byte), that byte of the file is overwritten after the
+    first round. Returns the answers (or the error's type and text) and the read counters."""
+    from engine.sstable import Table, reader
+    from engine.vfs import FileSystem
+
+    if not compiled:
+        monkeypatch.setattr(reader, "_read_verified", None)
+    out = []
+    with Table.open(FileSystem(), str(path), mmap_reads=True) as t:
+        for rnd in range(3):
+            if rnd == 1 and damage is not None:
+                with open(path, "r+b") as f:
+                    f.seek(damage[0])
+                    f.write(bytes([damage[1]]))
+            for k in probes:
+                try:
+                    out.append(t.get(k))
+                except CorruptionError as exc:
+                    out.append(("corrupt", str(exc)))
+        counters = (t.data_blocks_read, t.data_block_file_reads,
+                    t._filter.true_positives if t._filter is not None else None)
+    monkeypatch.undo()
+    return out, counters
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 1500),
+       policy=st.sampled_from(["blocked-bloom", None]))
+def test_table_gets_agree_with_and_without_read_verified(tmp_path_factory, seed, n, policy):
+    rng = random.Random(seed)
+    entries = _entries(rng, n)
+    path = tmp_path_factory.mktemp("rv") / "t.sst"
+    _write_table(path, entries, compression="none", filter_policy=policy)
+    probes = [e[0] for e in entries] + [rng.randbytes(16) for _ in range(50)]
+    with pytest.MonkeyPatch.context() as mp:
+        compiled = _gets(path, probes, mp, compiled=True)
+    with pytest.MonkeyPatch.context() as mp:
+        python = _gets(path, probes, mp, compiled=False)
+    assert compiled == python
+    answers = compiled[0][: len(entries)]
+    assert answers == [(seq, kind, value) for _, seq, kind, value in entries]
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_a_block_changed_after_its_verification_answers_as_python(tmp_path_factory, seed):
+    """A byte of the file overwritten under the open table after its blocks were verified:
+    the compiled read finds the checksum changed and hands the read to the Python path, so
+    the answers (values, or the CorruptionError naming the file) are the same."""
+    rng = random.Random(seed)
+    entries = _entries(rng, 400)
+    path = tmp_path_factory.mktemp("rvd") / "t.sst"
+    _write_table(path, entries, compression="none")
+    data_end = _first_filter_or_index_offset(path)
+    damage = (rng.randrange(data_end), rng.randrange(256))
+    probes = [e[0] for e in entries]
+    with pytest.MonkeyPatch.context() as mp:
+        compiled = _gets(path, probes, mp, compiled=True, damage=damage)
+    _write_table(path, entries, compression="none")
+    with pytest.MonkeyPatch.context() as mp:
+        python = _gets(path, probes, mp, compiled=False, damage=damage)
+    assert compiled == python
+
+
+def _first_filter_or_index_offset(path) -> int:
+    """Where the data blocks end: the offset of the first non-data block (the data region
+    comes first in a table)."""
+    from engine.sstable import Table
+    from engine.vfs import FileSystem
+
+    with Table.open(FileSystem(), str(path)) as t:
+        return t._offsets[-1] + t._sizes[-1] + 5  # the last block and its trailer
+
+
+@needs_native
+def test_read_verified_hands_back_what_it_cannot_answer(tmp_path):
+    from engine.sstable import Table
+    from engine.vfs import FileSystem
+
+    entries = _entries(random.Random(3), 200)
+    path = tmp_path / "t.sst"
+    _write_table(path, entries, compression="none")
+    key = entries[0][0]
+    with Table.open(FileSystem(), str(path), mmap_reads=True) as t:
+        assert t.get(key) == entries[0][1:]  # maps the table and verifies block 0
+        m, off, end = t._data_map, t._offsets[0], t._offsets[0] + t._sizes[0]
+        known = t._crc_of[0]
+        assert known >= 0
+        rv, slow = native.read_verified, native.SLOW
+        assert rv(m, off, end, key, known) == entries[0][1:]
+        assert rv(m, off, end, b"absent", known) is None or entries[0][0] == b"absent"
+        assert rv(m, off, end, key, -1) is slow  # not verified yet
+        assert rv(m, off, end, key, known ^ 1) is slow  # the bytes changed since
+        assert rv(m, off, len(m) + 10, key, known) is slow  # past the mapping
+        assert rv(bytes(m), off, end, key, known) is slow  # not a mapping
+        assert rv(m, off, end, bytearray(key), known) is slow  # not a bytes key
+    assert rv(m, off, end, key, known) is slow  # closed with the table

@@ -16,8 +16,10 @@ reads the block:
   an LRU costs more than slicing it again, ``bench/results/db.md`` bench 6). Each get slices
   its block and checks its CRC (``verify_every_read=True``, the DB's default): against the
   trailer on the block's first read, later against the checksum that read found (``_crc_of``:
-  no second read of the trailer, the same check of the bytes). With
-  ``verify_every_read=False`` only a block's first get does; once it passed and the block has
+  no second read of the trailer, the same check of the bytes). Those later reads of a
+  hash-indexed block run as one compiled call where engine/speedups.py has its module
+  (``_read_verified``: the same copy, checksum, lookup and decode; any other case goes the
+  Python way). With ``verify_every_read=False`` only a block's first get does; once it passed and the block has
   a hash index, later gets read the few bytes they need in place
   (:func:`~engine.sstable.block.find_hashed`: no copy, no CRC; 10-25% faster gets,
   ``bench/results/db.md`` "Session 7"). The price: a mapping shows what the disk holds now,
@@ -67,6 +69,7 @@ from typing import Iterator
 
 import google_crc32c
 
+from .. import speedups
 from ..checksum import MASK_DELTA as _MASK_DELTA, mask
 from ..errors import ClosedError, CorruptionError, StorageIOError
 from ..filters import UnknownFilterPolicy, policy_from_stored_name
@@ -92,6 +95,9 @@ _DATA_TYPE_BYTE = bytes((BLOCK_TYPE_DATA,))
 _HASH_FLAG_TOP = BLOCK_HASH_FLAG >> 24  # the flag in the top byte of the restart count
 # engine/checksum.py's CRC32C (google-crc32c) without its type checks: contents are bytes here.
 _crc_value = google_crc32c.value
+# engine/speedups.py: Table.get's checked read of a verified block in one compiled call
+_read_verified = speedups.native.read_verified if speedups.native is not None else None
+_SLOW = speedups.native.SLOW if speedups.native is not None else None
 _crc_extend = google_crc32c.extend
 _anonymous_ids = itertools.count(1)
 _chain_lists = itertools.chain.from_iterable
@@ -331,6 +337,17 @@ class Table:
                         raise ClosedError(f"table {self.path} is closed") from None
                     raise
             else:
+                if _read_verified is not None:
+                    # A block verified before, hash-indexed, unchanged: the steps below in
+                    # one compiled call (engine/speedups.py), or SLOW for any other case.
+                    r = _read_verified(m, off, end, key, self._crc_of[i])
+                    if r is not _SLOW:
+                        self.data_block_file_reads += 1
+                        if not self._verify_every_read:
+                            self._in_place[i] = 1
+                        if r is not None and f is not None:
+                            f.true_positives += 1
+                        return r
                 # A read that checks the block: _read_contents inlined. One slice copies the
                 # contents with the trailer's type byte, so one CRC call covers what the
                 # trailer's checksum covers (docs/format.md "Blocks"); mask() is inlined.
