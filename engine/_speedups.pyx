@@ -265,7 +265,7 @@ def read_verified(m, Py_ssize_t off, Py_ssize_t end, key, long long known_crc):
     cdef long long vs = 0, ve = 0
     cdef unsigned long long tag
     cdef int kind
-    if not b[n - 1] & 0x80:  # the restart count's top byte: no hash index flag
+    if not b[n - 1] & (HASH_FLAG >> 24):  # the restart count's top byte: no hash index
         return SLOW
     cdef int status = _find_core(b, n + 1, 0, n, h, key, &vs, &ve)
     if status == 0:

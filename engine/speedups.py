@@ -1,15 +1,19 @@
-"""Optional compiled versions of the point read's two hottest leaf functions.
+"""Optional compiled versions of the point read's hottest steps.
 
 ``engine/_speedups.pyx`` (Cython) holds C versions of ``find_hashed`` (a data block's hash
 index lookup, engine/sstable/block.py) and of the blocked Bloom filter probe
-(engine/filters/blocked_bloom.py). They were ~40% of a present-key get's CPU time in Python
-(bench/get_parts.py; bench/results/db.md "Session 22"), and they are leaves: pure functions of
+(engine/filters/blocked_bloom.py): ~40% of a present-key get's CPU time in Python
+(bench/get_parts.py; bench/results/db.md "Session 22"). They are leaves: pure functions of
 bytes, with no lock, no state and no I/O, so the rest of the engine stays Python and does not
-know which version runs.
+know which version runs. Each has the same contract, answers and errors as its Python
+reference, which stays in the tree as the spec in code (one exception, engine/_speedups.pyx
+says which); tests/test_speedups.py and tests/test_review_session22.py compare the two on
+random, damaged and malformed inputs.
 
-Each has the same contract, answers and errors as its Python reference, which stays in the
-tree as the spec in code (one exception, engine/_speedups.pyx says which); tests/test_speedups.py
-and tests/test_review_session22.py compare the two on random, damaged and malformed inputs.
+A third, ``read_verified``, does the common case of Table.get's checked read of a block
+verified before (copy, checksum, lookup, decode: engine/sstable/reader.py) in one call and
+hands every other case back to Table.get's Python path, so that path stays the reference;
+tests/test_speedups.py compares Table.get with and without it, damaged tables included.
 
 :data:`native` is the compiled module, or None when the engine runs its Python versions:
 ``pip install`` builds it where a C compiler and the Python headers are present (setup.py; a
