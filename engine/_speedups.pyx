@@ -247,25 +247,27 @@ def read_verified(m, Py_ssize_t off, Py_ssize_t end, key, long long known_crc):
     if type(key) is not bytes or type(m) is not mmap.mmap or known_crc < 0 or off < 0 \
             or end - off < 6:
         return SLOW
-    cdef unsigned long long h = _uhash32(key, HASH_SEED)
     cdef Py_buffer view
     try:
         PyObject_GetBuffer(m, &view, PyBUF_SIMPLE)
     except Exception:  # closed: the Python path says so
         return SLOW
-    if end >= view.len:
+    # The restart count's top byte flags a hash index: without one, hand back before copying
+    # (the Python path copies and checks the block itself; no work is done twice).
+    if end >= view.len or not (<const unsigned char*>view.buf)[end - 1] & (HASH_FLAG >> 24):
         PyBuffer_Release(&view)
         return SLOW
     data = PyBytes_FromStringAndSize(<const char*>view.buf + off, end + 1 - off)
     PyBuffer_Release(&view)
     if _crc_value(data) != known_crc:
         return SLOW
+    cdef unsigned long long h = _uhash32(key, HASH_SEED)
     cdef const unsigned char* b = data
     cdef Py_ssize_t n = end - off  # the contents, before the type byte
     cdef long long vs = 0, ve = 0
     cdef unsigned long long tag
     cdef int kind
-    if not b[n - 1] & (HASH_FLAG >> 24):  # the restart count's top byte: no hash index
+    if not b[n - 1] & (HASH_FLAG >> 24):  # (the checked copy: the same byte)
         return SLOW
     cdef int status = _find_core(b, n + 1, 0, n, h, key, &vs, &ve)
     if status == 0:

@@ -19,8 +19,8 @@ reads the block:
   no second read of the trailer, the same check of the bytes). Those later reads of a
   hash-indexed block run as one compiled call where engine/speedups.py has its module
   (``_read_verified``: the same copy, checksum, lookup and decode; any other case goes the
-  Python way). With ``verify_every_read=False`` only a block's first get does; once it passed and the block has
-  a hash index, later gets read the few bytes they need in place
+  Python way). With ``verify_every_read=False`` only a block's first get does; once it
+  passed and the block has a hash index, later gets read the few bytes they need in place
   (:func:`~engine.sstable.block.find_hashed`: no copy, no CRC; 10-25% faster gets,
   ``bench/results/db.md`` "Session 7"). The price: a mapping shows what the disk holds now,
   not the checked copy a block cache would keep, so damage that appears on disk under the
